@@ -1,0 +1,63 @@
+//! Where each piece of a heap's metadata lives. The metadata is one
+//! zero-initialised region (zeroed memory is an empty heap); the blocks live
+//! in a separate, [`PAGE_SIZE`]-aligned data region. Both host and device
+//! compute the same offsets from `(page_count, slots)`.
+
+use crate::page::PageDesc;
+use crate::size_class::{BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
+use crate::stats::Counters;
+
+const ALIGN: usize = 128;
+
+const fn up(x: usize) -> usize {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// Byte offsets of the metadata arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub page_count: u32,
+    pub slots: u32,
+    pub counters: usize,
+    /// `CLASS_COUNT` list heads (`u64`).
+    pub lists: usize,
+    /// `slots * CLASS_COUNT` current pages (`u32`, page + 1).
+    pub cache: usize,
+    /// `page_count` descriptors.
+    pub descs: usize,
+    /// The page map, `page_count.div_ceil(32)` words.
+    pub page_map: usize,
+    /// `page_count` bitmaps of [`BITMAP_BYTES_PER_PAGE`] bytes.
+    pub bitmaps: usize,
+    /// Total metadata bytes.
+    pub meta_bytes: usize,
+}
+
+impl Layout {
+    /// The layout for `page_count` pages and `slots` slots (both >= 1).
+    pub const fn new(page_count: u32, slots: u32) -> Layout {
+        let counters = 0;
+        let lists = up(counters + core::mem::size_of::<Counters>());
+        let cache = up(lists + CLASS_COUNT * 8);
+        let descs = up(cache + slots as usize * CLASS_COUNT * 4);
+        let page_map = up(descs + page_count as usize * core::mem::size_of::<PageDesc>());
+        let bitmaps = up(page_map + (page_count as usize).div_ceil(32) * 4);
+        let meta_bytes = up(bitmaps + page_count as usize * BITMAP_BYTES_PER_PAGE);
+        Layout {
+            page_count,
+            slots,
+            counters,
+            lists,
+            cache,
+            descs,
+            page_map,
+            bitmaps,
+            meta_bytes,
+        }
+    }
+
+    /// Bytes of the data region.
+    pub const fn data_bytes(&self) -> usize {
+        self.page_count as usize * PAGE_SIZE
+    }
+}

@@ -1,0 +1,146 @@
+//! The page map: bit `i` is set iff page `i` is in use (by a size class or
+//! a span). Zeroed memory is therefore a heap with every page free, and
+//! pages past `limit` are never handed out, so a heap can grow by raising
+//! its page count.
+
+use crate::sync::{AtomicU32, Ordering};
+
+/// A view of the page map's words.
+pub struct PageMap<'a> {
+    words: &'a [AtomicU32],
+}
+
+#[inline(always)]
+fn run_mask(from: u32, len: u32) -> u32 {
+    let m = if len >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << len) - 1
+    };
+    m << from
+}
+
+impl<'a> PageMap<'a> {
+    pub fn new(words: &'a [AtomicU32]) -> Self {
+        Self { words }
+    }
+
+    /// Claims one free page below `limit`, scanning from page `hint`.
+    pub fn claim_one(&self, hint: u32, limit: u32) -> Option<u32> {
+        let nwords = limit.div_ceil(32);
+        if nwords == 0 {
+            return None;
+        }
+        let mut w = (hint / 32) % nwords;
+        for _ in 0..nwords {
+            let cell = &self.words[w as usize];
+            let mut cur = cell.load(Ordering::Relaxed);
+            loop {
+                let free = !cur;
+                if free == 0 {
+                    break;
+                }
+                let bit = free.trailing_zeros();
+                if w * 32 + bit >= limit {
+                    break;
+                }
+                let old = cell.fetch_or(1 << bit, Ordering::AcqRel);
+                if old & (1 << bit) == 0 {
+                    return Some(w * 32 + bit);
+                }
+                cur = old;
+            }
+            w += 1;
+            if w == nwords {
+                w = 0;
+            }
+        }
+        None
+    }
+
+    /// Claims `len` consecutive free pages below `limit` (first fit).
+    /// Lock-free: a run whose bits change under it is given back and the
+    /// search goes on past the conflict.
+    pub fn claim_run(&self, len: u32, limit: u32) -> Option<u32> {
+        if len == 0 || len > limit {
+            return None;
+        }
+        let mut start = 0u32;
+        'search: while start + len <= limit {
+            // Find a candidate from a snapshot.
+            let mut run = 0u32;
+            let mut i = start;
+            while run < len {
+                if i >= limit {
+                    return None;
+                }
+                if self.is_set(i) {
+                    run = 0;
+                    start = i + 1;
+                } else {
+                    run += 1;
+                }
+                i += 1;
+            }
+            // Claim it word by word; on conflict give back what was taken.
+            let mut p = start;
+            while p < start + len {
+                let from = p % 32;
+                let n = (32 - from).min(start + len - p);
+                let m = run_mask(from, n);
+                let old = self.words[(p / 32) as usize].fetch_or(m, Ordering::AcqRel);
+                if old & m != 0 {
+                    // Keep the bits that were ours in this word, drop the rest.
+                    let mine = m & !old;
+                    self.words[(p / 32) as usize].fetch_and(!mine, Ordering::Release);
+                    if p > start {
+                        self.release_run(start, p - start);
+                    }
+                    start = p + (old & m).trailing_zeros() - from + 1;
+                    continue 'search;
+                }
+                p += n;
+            }
+            return Some(start);
+        }
+        None
+    }
+
+    /// Marks pages `start..start + len` free.
+    pub fn release_run(&self, start: u32, len: u32) {
+        let mut p = start;
+        while p < start + len {
+            let from = p % 32;
+            let n = (32 - from).min(start + len - p);
+            self.words[(p / 32) as usize].fetch_and(!run_mask(from, n), Ordering::Release);
+            p += n;
+        }
+    }
+
+    pub fn is_set(&self, page: u32) -> bool {
+        self.words[(page / 32) as usize].load(Ordering::Relaxed) & (1 << (page % 32)) != 0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    #[test]
+    fn runs_skip_used_pages_and_respect_limit() {
+        let w: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
+        let m = PageMap::new(&w);
+        assert_eq!(m.claim_one(0, 100), Some(0));
+        assert_eq!(m.claim_run(40, 100), Some(1));
+        assert_eq!(m.claim_one(0, 100), Some(41));
+        assert_eq!(m.claim_run(59, 100), None);
+        assert_eq!(m.claim_run(58, 100), Some(42));
+        assert_eq!(m.claim_one(0, 100), None);
+        m.release_run(10, 35);
+        assert_eq!(m.claim_run(36, 100), None);
+        assert_eq!(m.claim_run(35, 100), Some(10));
+        assert_eq!(m.claim_run(0, 100), None);
+        assert_eq!(m.claim_run(101, 100), None);
+    }
+}

@@ -1,0 +1,152 @@
+//! Size classes: 16 B to 64 KiB, four steps per doubling above 64 B, so a
+//! block wastes at most 20% of its size for requests of 64 B and more
+//! (request 65 B gets the 80 B class). Every class is a multiple of 16 B,
+//! so blocks are 16-byte aligned, and power-of-two classes are naturally
+//! aligned because pages are [`PAGE_SIZE`]-aligned.
+
+/// Bytes per page. Pages are the unit the heap hands to size classes.
+pub const PAGE_SIZE: usize = 64 << 10;
+/// log2 of [`PAGE_SIZE`].
+pub const PAGE_SHIFT: u32 = 16;
+/// Smallest block, and the alignment of every block.
+pub const MIN_BLOCK: usize = 16;
+/// Largest class; larger requests take spans of whole pages.
+pub const MAX_CLASS_SIZE: usize = 64 << 10;
+/// Blocks in a page of the smallest class: sizes every page's bitmap.
+pub const MAX_BLOCKS_PER_PAGE: usize = PAGE_SIZE / MIN_BLOCK;
+/// Bytes of bitmap per page (one bit per block of the smallest class).
+pub const BITMAP_BYTES_PER_PAGE: usize = MAX_BLOCKS_PER_PAGE / 8;
+/// Number of size classes.
+pub const CLASS_COUNT: usize = 44;
+
+/// Block size of every class, ascending.
+pub const CLASS_SIZES: [u32; CLASS_COUNT] = build_table();
+
+const fn build_table() -> [u32; CLASS_COUNT] {
+    let mut t = [0u32; CLASS_COUNT];
+    // 16, 32, 48, 64
+    let mut i = 0;
+    while i < 4 {
+        t[i] = 16 * (i as u32 + 1);
+        i += 1;
+    }
+    // then four steps in each doubling (2^p, 2^(p+1)], p = 6..=15
+    let mut p = 6;
+    while i < CLASS_COUNT {
+        let base = 1u32 << p;
+        let step = base / 4;
+        let mut j = 1;
+        while j <= 4 {
+            t[i] = base + step * j;
+            i += 1;
+            j += 1;
+        }
+        p += 1;
+    }
+    t
+}
+
+// Compile-time checks on the table: ascending, 16-byte multiples, ends at
+// MAX_CLASS_SIZE, waste bounded by 25% for requests of 64 B and more, and
+// `class_of` picks the smallest class that fits at every class boundary.
+const _: () = {
+    assert!(CLASS_SIZES[0] as usize == MIN_BLOCK);
+    assert!(CLASS_SIZES[CLASS_COUNT - 1] as usize == MAX_CLASS_SIZE);
+    let mut i = 0;
+    while i < CLASS_COUNT {
+        let s = CLASS_SIZES[i];
+        assert!(s % MIN_BLOCK as u32 == 0);
+        if i > 0 {
+            let prev = CLASS_SIZES[i - 1];
+            assert!(s > prev);
+            // worst request is prev + 1: waste (s - prev - 1) / s < 25%
+            if prev >= 64 {
+                assert!(4 * (s - prev - 1) < s);
+            }
+            match class_of(prev as usize + 1) {
+                Some(c) => assert!(c as usize == i),
+                None => panic!("class_of misses a class"),
+            }
+        }
+        match class_of(s as usize) {
+            Some(c) => assert!(c as usize == i),
+            None => panic!("class_of misses a class"),
+        }
+        assert!(blocks_per_page(i as u32) >= 1);
+        assert!(blocks_per_page(i as u32) as usize <= MAX_BLOCKS_PER_PAGE);
+        i += 1;
+    }
+    assert!(class_of(0).is_none());
+    assert!(class_of(MAX_CLASS_SIZE + 1).is_none());
+};
+
+/// The smallest class whose blocks hold `size` bytes, in O(1) arithmetic;
+/// `None` for 0 and for sizes over [`MAX_CLASS_SIZE`] (those take spans).
+#[inline(always)]
+pub const fn class_of(size: usize) -> Option<u32> {
+    if size == 0 || size > MAX_CLASS_SIZE {
+        return None;
+    }
+    if size <= 64 {
+        return Some(((size + 15) / 16 - 1) as u32);
+    }
+    let s = size - 1;
+    let p = usize::BITS - 1 - s.leading_zeros(); // 2^p <= s < 2^(p+1), p >= 6
+    let step_shift = p - 2;
+    let j = (size - (1 << p) + (1 << step_shift) - 1) >> step_shift; // 1..=4
+    Some(4 + (p - 6) * 4 + j as u32 - 1)
+}
+
+/// Block size of `class` (`class < CLASS_COUNT`, else 0).
+#[inline(always)]
+pub const fn class_size(class: u32) -> u32 {
+    if (class as usize) < CLASS_COUNT {
+        CLASS_SIZES[class as usize]
+    } else {
+        0
+    }
+}
+
+/// Blocks that fit in one page of `class`.
+#[inline(always)]
+pub const fn blocks_per_page(class: u32) -> u32 {
+    let s = class_size(class);
+    if s == 0 {
+        0
+    } else {
+        PAGE_SIZE as u32 / s
+    }
+}
+
+/// Pages in a span serving `size` bytes (`size > MAX_CLASS_SIZE`).
+#[inline(always)]
+pub const fn span_pages(size: usize) -> usize {
+    size.div_ceil(PAGE_SIZE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arithmetic agrees with a linear search of the table for every size.
+    #[test]
+    fn class_of_is_smallest_fitting_class() {
+        for size in 1..=MAX_CLASS_SIZE {
+            let c = class_of(size).unwrap();
+            let want = CLASS_SIZES
+                .iter()
+                .position(|&s| s as usize >= size)
+                .unwrap();
+            assert_eq!(c as usize, want, "size {size}");
+        }
+    }
+
+    #[test]
+    fn out_of_range() {
+        assert_eq!(class_of(0), None);
+        assert_eq!(class_of(MAX_CLASS_SIZE + 1), None);
+        assert_eq!(class_of(usize::MAX), None);
+        assert_eq!(class_size(CLASS_COUNT as u32), 0);
+        assert_eq!(blocks_per_page(u32::MAX), 0);
+    }
+}

@@ -1,0 +1,122 @@
+//! Statistics. The hot paths update nothing shared: in-use figures are
+//! read off the page descriptors (a scan), and only rare events (failures,
+//! bad frees, page turnover) are counted in [`Counters`].
+
+use crate::page::{decode_kind, Kind, PageDesc, LIVE};
+use crate::size_class::{blocks_per_page, class_size, CLASS_COUNT, PAGE_SIZE};
+use crate::sync::{AtomicU64, Ordering};
+
+/// Event counters kept in the heap's metadata.
+#[repr(C)]
+pub struct Counters {
+    /// Allocations that returned null / an error (size 0, too large, out of memory).
+    pub failed_allocs: AtomicU64,
+    /// Frees of pointers that were not live blocks: foreign, interior,
+    /// already free (double frees), or into a free page.
+    pub bad_frees: AtomicU64,
+    pub pages_activated: AtomicU64,
+    pub pages_retired: AtomicU64,
+    pub spans_allocated: AtomicU64,
+    pub spans_freed: AtomicU64,
+    pad: [u64; 2],
+}
+
+impl Counters {
+    pub fn new() -> Self {
+        Self {
+            failed_allocs: AtomicU64::new(0),
+            bad_frees: AtomicU64::new(0),
+            pages_activated: AtomicU64::new(0),
+            pages_retired: AtomicU64::new(0),
+            spans_allocated: AtomicU64::new(0),
+            spans_freed: AtomicU64::new(0),
+            pad: [0; 2],
+        }
+    }
+
+    #[inline(always)]
+    pub fn bump(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A snapshot of a heap's use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    /// Blocks handed out (or reserved for a caller) per class.
+    pub blocks_in_use: [u64; CLASS_COUNT],
+    /// Pages serving each class.
+    pub class_pages: [u64; CLASS_COUNT],
+    /// Bytes of blocks handed out, by block size, plus span bytes.
+    pub bytes_in_use: u64,
+    /// Bytes of pages in use (class pages and spans): the footprint.
+    pub bytes_reserved: u64,
+    pub spans: u64,
+    pub span_pages: u64,
+    pub free_pages: u64,
+    pub page_count: u64,
+    pub failed_allocs: u64,
+    pub bad_frees: u64,
+    pub pages_activated: u64,
+    pub pages_retired: u64,
+}
+
+impl Stats {
+    /// Reads the statistics off descriptors and counters (a copy is fine:
+    /// the host reads a device heap's metadata this way).
+    pub fn collect(descs: &[PageDesc], counters: &Counters) -> Stats {
+        let mut s = Stats {
+            blocks_in_use: [0; CLASS_COUNT],
+            class_pages: [0; CLASS_COUNT],
+            bytes_in_use: 0,
+            bytes_reserved: 0,
+            spans: 0,
+            span_pages: 0,
+            free_pages: 0,
+            page_count: descs.len() as u64,
+            failed_allocs: counters.failed_allocs.load(Ordering::Relaxed),
+            bad_frees: counters.bad_frees.load(Ordering::Relaxed),
+            pages_activated: counters.pages_activated.load(Ordering::Relaxed),
+            pages_retired: counters.pages_retired.load(Ordering::Relaxed),
+        };
+        for d in descs {
+            match decode_kind(d.kind.load(Ordering::Relaxed)) {
+                Kind::Free => s.free_pages += 1,
+                Kind::Class(c) if (c as usize) < CLASS_COUNT => {
+                    let free = d.avail.load(Ordering::Relaxed).wrapping_sub(LIVE) as i32;
+                    let used = (blocks_per_page(c) as i64 - free.max(0) as i64).max(0) as u64;
+                    s.blocks_in_use[c as usize] += used;
+                    s.class_pages[c as usize] += 1;
+                    s.bytes_in_use += used * class_size(c) as u64;
+                }
+                Kind::Class(_) => {}
+                Kind::SpanHead => {
+                    let n = d.span.load(Ordering::Relaxed) as u64;
+                    s.spans += 1;
+                    s.span_pages += n;
+                    s.bytes_in_use += n * PAGE_SIZE as u64;
+                }
+                Kind::SpanTail => {}
+            }
+        }
+        let class_pages: u64 = s.class_pages.iter().sum();
+        s.bytes_reserved = (class_pages + s.span_pages) * PAGE_SIZE as u64;
+        s
+    }
+
+    /// Blocks in use over all classes.
+    pub fn blocks(&self) -> u64 {
+        self.blocks_in_use.iter().sum()
+    }
+
+    /// True when nothing is allocated: every block and span returned.
+    pub fn is_empty(&self) -> bool {
+        self.blocks() == 0 && self.spans == 0
+    }
+}

@@ -1,0 +1,80 @@
+//! Host threads at full contention on one heap: allocate, fill with the
+//! thread's id, verify, free; millions of operations in all. Any overlap
+//! between live blocks shows up as a foreign id.
+#![cfg(not(loom))]
+
+use cuheap_core::size_class::PAGE_SIZE;
+use cuheap_core::OwnedHeap;
+use std::sync::Barrier;
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
+    let owned = OwnedHeap::<u64>::new(pages, slots).unwrap();
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|sc| {
+        for t in 0..threads {
+            let owned = &owned;
+            let barrier = &barrier;
+            sc.spawn(move || {
+                let heap = owned.heap();
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1) * 0x1234_5678;
+                let mut live: Vec<(*mut u8, usize)> = Vec::with_capacity(64);
+                let id = (t as u8).wrapping_add(1);
+                barrier.wait();
+                for _ in 0..ops {
+                    let r = xorshift(&mut rng);
+                    if live.len() < 64 && (r & 1 == 0 || live.is_empty()) {
+                        let size = 1 + (r >> 8) as usize % max_size;
+                        // Exhaustion is allowed (and counted); nothing else fails.
+                        if let Ok(p) = heap.alloc(size, t as u32) {
+                            let n = size.min(256);
+                            // SAFETY: p is a fresh block of at least `size` bytes.
+                            unsafe { p.write_bytes(id, n) };
+                            live.push((p, n));
+                        }
+                    } else {
+                        let (p, n) = live.swap_remove((r >> 16) as usize % live.len());
+                        // SAFETY: p is live and holds n bytes this thread wrote.
+                        let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+                        assert!(
+                            bytes.iter().all(|&b| b == id),
+                            "block overwritten by another thread"
+                        );
+                        heap.free(p).unwrap();
+                    }
+                }
+                for (p, _) in live {
+                    heap.free(p).unwrap();
+                }
+            });
+        }
+    });
+    let heap = owned.heap();
+    heap.check_invariants().unwrap();
+    let s = heap.stats();
+    assert!(s.is_empty(), "blocks lost: {s:?}");
+    assert_eq!(s.bad_frees, 0);
+}
+
+#[test]
+fn small_blocks_shared_slot() {
+    // Every thread on the same slot: maximum contention on one page.
+    stress(4, 400_000, 64, 64, 1);
+}
+
+#[test]
+fn mixed_sizes_own_slots() {
+    stress(4, 300_000, 256, 8192, 4);
+}
+
+#[test]
+fn spans_and_exhaustion() {
+    // Small heap with spans: threads run out of memory and recover.
+    stress(4, 100_000, 24, 3 * PAGE_SIZE, 2);
+}
