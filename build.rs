@@ -1,1 +1,90 @@
-fn main() {}
+//! Builds `kernels/` (and `cuheap-core` with it) into PTX with the nightly
+//! toolchain's `nvptx64-nvidia-cuda` target and embeds it in the crate.
+//!
+//! Settings (environment): `CUHEAP_PTX_ARCH` (default `sm_80`, which the
+//! driver JIT-compiles for A100, H100 and newer), `CUHEAP_NIGHTLY` (the
+//! toolchain name, default `nightly`).
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Variables of the outer (stable) build that must not leak into the
+/// nested nightly build.
+const SCRUB: &[&str] = &[
+    "RUSTC",
+    "RUSTC_WRAPPER",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "RUSTUP_TOOLCHAIN",
+    "RUSTFLAGS",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_TARGET_DIR",
+    "CARGO_BUILD_TARGET",
+    "CARGO",
+    "CARGO_MAKEFLAGS",
+    "MAKEFLAGS",
+    "MFLAGS",
+];
+
+fn main() {
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    for dir in ["kernels/src", "kernels/Cargo.toml", "core/src", "core/Cargo.toml"] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+    println!("cargo:rerun-if-env-changed=CUHEAP_PTX_ARCH");
+    println!("cargo:rerun-if-env-changed=CUHEAP_NIGHTLY");
+
+    let arch = env::var("CUHEAP_PTX_ARCH").unwrap_or_else(|_| "sm_80".into());
+    let toolchain = env::var("CUHEAP_NIGHTLY").unwrap_or_else(|_| "nightly".into());
+    if !arch.starts_with("sm_") || arch[3..].parse::<u32>().map_or(true, |v| v < 70) {
+        fail(&format!(
+            "CUHEAP_PTX_ARCH={arch} is not a supported target: use sm_70 or newer (default sm_80)"
+        ));
+    }
+    let target_dir = out.join("kernels-target");
+    let mut cmd = Command::new("cargo");
+    for v in SCRUB {
+        cmd.env_remove(v);
+    }
+    cmd.arg(format!("+{toolchain}"))
+        .args(["rustc", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+        .arg("--manifest-path")
+        .arg(root.join("kernels/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .args(["--", "-C"])
+        .arg(format!("target-cpu={arch}"))
+        .args(["--emit=asm", "-C", "linker=true"]);
+    let output = match cmd.output() {
+        Ok(o) => o,
+        Err(e) => fail(&format!("could not run cargo for the PTX build: {e}")),
+    };
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let hint = if stderr.contains("toolchain") && stderr.contains("not installed") {
+            format!("the `{toolchain}` toolchain is missing: `rustup toolchain install {toolchain}`")
+        } else if stderr.contains("rust-src") || stderr.contains("library/Cargo.lock") {
+            format!("the standard library source is missing: `rustup component add rust-src --toolchain {toolchain}`")
+        } else {
+            "the kernels crate failed to compile for nvptx64 (errors above)".into()
+        };
+        eprintln!("{stderr}");
+        fail(&hint);
+    }
+    let ptx = target_dir.join("nvptx64-nvidia-cuda/release/deps/cuheap_kernels.s");
+    copy(&ptx, &out.join("cuheap_kernels.ptx"));
+    println!("cargo:rustc-env=CUHEAP_PTX_ARCH={arch}");
+}
+
+fn copy(from: &Path, to: &Path) {
+    if let Err(e) = std::fs::copy(from, to) {
+        fail(&format!("PTX not found at {}: {e}", from.display()));
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("\ncuheap build: {msg}\n");
+    println!("cargo:warning=cuheap build: {msg}");
+    std::process::exit(1);
+}

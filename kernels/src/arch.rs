@@ -1,0 +1,79 @@
+//! The GPU's warp-level operations and special registers, in one place.
+
+extern "C" {
+    #[link_name = "llvm.nvvm.activemask"]
+    fn nvvm_activemask() -> u32;
+    #[link_name = "llvm.nvvm.match.any.sync.i32"]
+    fn nvvm_match_any(mask: u32, v: i32) -> u32;
+    #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
+    fn nvvm_shfl_idx(mask: u32, v: i32, src: i32, clamp: i32) -> i32;
+    #[link_name = "llvm.nvvm.redux.sync.or"]
+    fn nvvm_redux_or(v: i32, mask: u32) -> i32;
+    #[link_name = "llvm.nvvm.read.ptx.sreg.smid"]
+    fn nvvm_smid() -> u32;
+    #[link_name = "llvm.nvvm.read.ptx.sreg.laneid"]
+    fn nvvm_laneid() -> u32;
+    #[link_name = "llvm.nvvm.read.ptx.sreg.tid.x"]
+    fn nvvm_tid_x() -> u32;
+    #[link_name = "llvm.nvvm.read.ptx.sreg.ctaid.x"]
+    fn nvvm_ctaid_x() -> u32;
+    #[link_name = "llvm.nvvm.read.ptx.sreg.ntid.x"]
+    fn nvvm_ntid_x() -> u32;
+    #[link_name = "llvm.nvvm.membar.gl"]
+    fn nvvm_membar_gl();
+}
+
+/// Lanes of the calling warp that are executing this instruction.
+#[inline(always)]
+pub fn activemask() -> u32 {
+    // SAFETY: reads a warp register; no memory effects.
+    unsafe { nvvm_activemask() }
+}
+
+/// Lanes of `mask` whose `v` equals the caller's (all of `mask` must call).
+#[inline(always)]
+pub fn match_any(mask: u32, v: u32) -> u32 {
+    // SAFETY: every lane in `mask` executes this call (callers pass a mask
+    // of lanes that are converged here: activemask() or a match result).
+    unsafe { nvvm_match_any(mask, v as i32) }
+}
+
+/// `v` of lane `src`, for every lane of `mask` (all of `mask` must call).
+#[inline(always)]
+pub fn shfl(mask: u32, v: u32, src: u32) -> u32 {
+    // SAFETY: as for `match_any`; `src` is a lane of `mask`.
+    unsafe { nvvm_shfl_idx(mask, v as i32, src as i32, 0x1f) as u32 }
+}
+
+/// Bitwise OR of `v` over the lanes of `mask` (all of `mask` must call).
+#[inline(always)]
+pub fn reduce_or(mask: u32, v: u32) -> u32 {
+    // SAFETY: as for `match_any`; sm_80 and newer.
+    unsafe { nvvm_redux_or(v as i32, mask) as u32 }
+}
+
+#[inline(always)]
+pub fn smid() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvvm_smid() }
+}
+
+#[inline(always)]
+pub fn laneid() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvvm_laneid() }
+}
+
+/// Global index of the calling thread in a 1-D launch.
+#[inline(always)]
+pub fn global_thread() -> u32 {
+    // SAFETY: reads special registers.
+    unsafe { nvvm_ctaid_x() * nvvm_ntid_x() + nvvm_tid_x() }
+}
+
+/// Orders this thread's memory accesses for all threads of the GPU.
+#[inline(always)]
+pub fn fence_gpu() {
+    // SAFETY: a memory barrier has no other effect.
+    unsafe { nvvm_membar_gl() }
+}

@@ -1,0 +1,258 @@
+//! Benchmark kernels, one thread one allocation, in the shapes the
+//! published GPU allocators are measured with:
+//!
+//! - `pair`: allocate, write `min(size/4, 4)` words derived from the
+//!   thread id, fence, read them back (a mismatch is an error), free;
+//! - `alloc` then `free`, with the whole-block fill and check of
+//!   [`crate::checks`] between them (untimed).
+//!
+//! Each exists for cuheap, CUDA's device `malloc`/`free`, and (alloc only)
+//! a warp-aggregated bump pointer, the ceiling. `sz == 0` means mixed
+//! sizes, uniform in 16..=4096 and fixed per thread. `errors[0]` counts
+//! null returns, `errors[1]` wrong read-backs.
+
+use crate::arch::{activemask, fence_gpu, global_thread, laneid, shfl};
+use crate::device_heap::{dev_alloc, dev_free, handle};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+extern "C" {
+    /// CUDA's device heap (linked by the driver).
+    fn malloc(size: usize) -> *mut u8;
+    fn free(ptr: *mut u8);
+}
+
+/// The size thread `tid` asks for: `sz`, or mixed sizes when `sz == 0`.
+#[inline(always)]
+pub fn thread_size(tid: u32, sz: u32) -> usize {
+    if sz != 0 {
+        return sz as usize;
+    }
+    let mut x = tid.wrapping_mul(0x9E37_79B9) ^ 0x85EB_CA6B;
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x2C1B_3C6D);
+    x ^= x >> 12;
+    16 + (x % (4096 - 16 + 1)) as usize
+}
+
+/// # Safety
+///
+/// `errors` points to two device `u32`s.
+#[inline(always)]
+unsafe fn count(errors: *mut u32, which: usize) {
+    // SAFETY: forwarded from the caller; atomic access to device memory.
+    unsafe { AtomicU32::from_ptr(errors.add(which)) }.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Writes, fences and reads back the pair kernel's words.
+///
+/// # Safety
+///
+/// `p` is a live block of at least `size` bytes; `errors` as in [`count`].
+#[inline(always)]
+unsafe fn touch(p: *mut u8, size: usize, tid: u32, errors: *mut u32) {
+    let n = (size / 4).clamp(1, 4);
+    let w = p as *mut u32;
+    for k in 0..n {
+        // SAFETY: k < size / 4 words of a block of `size` bytes.
+        unsafe { w.add(k).write_volatile(tid ^ (k as u32).wrapping_mul(0x0101_0101)) };
+    }
+    fence_gpu();
+    for k in 0..n {
+        // SAFETY: as above.
+        if unsafe { w.add(k).read_volatile() } != tid ^ (k as u32).wrapping_mul(0x0101_0101) {
+            // SAFETY: forwarded from the caller.
+            unsafe { count(errors, 1) };
+        }
+    }
+}
+
+/// # Safety
+///
+/// The heap arguments describe a live heap; `errors` points to two `u32`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn pair_cuheap(
+    meta: u64,
+    data: u64,
+    pages: u32,
+    slots: u32,
+    n: u32,
+    sz: u32,
+    errors: *mut u32,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let h = handle(meta, data, pages, slots);
+    let size = thread_size(tid, sz);
+    // SAFETY: the caller passes a live heap.
+    let p = unsafe { dev_alloc(&h, size) };
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 0) };
+        return;
+    }
+    // SAFETY: `p` is a fresh block of `size` bytes.
+    unsafe { touch(p, size, tid, errors) };
+    // SAFETY: `p` came from this heap.
+    unsafe { dev_free(&h, p) };
+}
+
+/// # Safety
+///
+/// As for [`pair_cuheap`]; `ptrs` holds `n` pointers.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn alloc_cuheap(
+    meta: u64,
+    data: u64,
+    pages: u32,
+    slots: u32,
+    n: u32,
+    sz: u32,
+    ptrs: *mut *mut u8,
+    errors: *mut u32,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let h = handle(meta, data, pages, slots);
+    // SAFETY: the caller passes a live heap.
+    let p = unsafe { dev_alloc(&h, thread_size(tid, sz)) };
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 0) };
+    }
+    // SAFETY: tid < n entries.
+    unsafe { ptrs.add(tid as usize).write(p) };
+}
+
+/// # Safety
+///
+/// As for [`alloc_cuheap`].
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn free_cuheap(
+    meta: u64,
+    data: u64,
+    pages: u32,
+    slots: u32,
+    n: u32,
+    ptrs: *mut *mut u8,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let h = handle(meta, data, pages, slots);
+    // SAFETY: tid < n entries; each a block of this heap, null or a test's
+    // deliberately bad pointer (refused and counted by `dev_free`).
+    unsafe { dev_free(&h, ptrs.add(tid as usize).read()) };
+}
+
+/// # Safety
+///
+/// `errors` points to two `u32`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn pair_cuda(n: u32, sz: u32, errors: *mut u32) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let size = thread_size(tid, sz);
+    // SAFETY: CUDA's device malloc.
+    let p = unsafe { malloc(size) };
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 0) };
+        return;
+    }
+    // SAFETY: `p` is a fresh block of `size` bytes.
+    unsafe { touch(p, size, tid, errors) };
+    // SAFETY: `p` came from CUDA's malloc.
+    unsafe { free(p) };
+}
+
+/// # Safety
+///
+/// `ptrs` holds `n` pointers; `errors` points to two `u32`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn alloc_cuda(n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    // SAFETY: CUDA's device malloc.
+    let p = unsafe { malloc(thread_size(tid, sz)) };
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 0) };
+    }
+    // SAFETY: tid < n entries.
+    unsafe { ptrs.add(tid as usize).write(p) };
+}
+
+/// # Safety
+///
+/// `ptrs` holds `n` pointers from `alloc_cuda` (or null).
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn free_cuda(n: u32, ptrs: *mut *mut u8) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    // SAFETY: tid < n entries; CUDA's free accepts null.
+    unsafe { free(ptrs.add(tid as usize).read()) };
+}
+
+/// The ceiling: a warp-aggregated bump pointer (one atomic per warp, no
+/// free). `cursor` is a device `u64` offset into `base`'s `cap` bytes.
+///
+/// # Safety
+///
+/// `cursor` points to a `u64`; `ptrs` holds `n` pointers; `errors` two `u32`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn alloc_bump(
+    base: u64,
+    cap: u64,
+    cursor: *mut u64,
+    n: u32,
+    sz: u32,
+    ptrs: *mut *mut u8,
+    errors: *mut u32,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let size = (thread_size(tid, sz) as u64).div_ceil(16) * 16;
+    let mask = activemask();
+    let lane = laneid();
+    let leader = mask.trailing_zeros();
+    // Exclusive prefix sum of sizes over the active lanes, by shuffles.
+    let mut offset = 0u64;
+    let mut total = 0u64;
+    let mut m = mask;
+    while m != 0 {
+        let src = m.trailing_zeros();
+        let lo = shfl(mask, size as u32, src) as u64;
+        if src < lane {
+            offset += lo;
+        }
+        total += lo;
+        m &= m - 1;
+    }
+    let mut start = 0u64;
+    if lane == leader {
+        // SAFETY: forwarded from the caller.
+        start = unsafe { AtomicU64::from_ptr(cursor) }.fetch_add(total, Ordering::Relaxed);
+    }
+    let start = (shfl(mask, start as u32, leader) as u64) | ((shfl(mask, (start >> 32) as u32, leader) as u64) << 32);
+    let at = start + offset;
+    let p = if at + size <= cap { (base + at) as *mut u8 } else { core::ptr::null_mut() };
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 0) };
+    }
+    // SAFETY: tid < n entries.
+    unsafe { ptrs.add(tid as usize).write(p) };
+}

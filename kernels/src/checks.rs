@@ -1,0 +1,235 @@
+//! Kernels the GPU tests use: a launch smoke test, cross-target
+//! conformance of `cuheap-core`, whole-block fill-and-check, and a random
+//! stress of the device heap.
+
+use crate::arch::global_thread;
+use crate::bench::thread_size;
+use crate::device_heap::{dev_alloc, dev_free, handle};
+use core::sync::atomic::{AtomicU32, Ordering};
+use cuheap_core::size_class::{class_of, class_size};
+use cuheap_core::{Layout, Word};
+
+/// `x[i] = x[i] * 2 + 1`: proves a launch runs and writes memory.
+///
+/// # Safety
+///
+/// `x` holds `n` values.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn smoke(x: *mut u32, n: u32) {
+    let i = global_thread();
+    if i < n {
+        // SAFETY: i < n.
+        unsafe { *x.add(i as usize) = *x.add(i as usize) * 2 + 1 };
+    }
+}
+
+/// For every size `s` in `0..=max`: `class[s]` = `class_of(s)` (or
+/// `u32::MAX`) and `size[s]` = that class's block size.
+///
+/// # Safety
+///
+/// `class` and `size` hold `max + 1` values.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn conformance_classes(class: *mut u32, size: *mut u32, max: u32) {
+    let s = global_thread();
+    if s > max {
+        return;
+    }
+    let c = class_of(s as usize).unwrap_or(u32::MAX);
+    // SAFETY: s <= max.
+    unsafe {
+        *class.add(s as usize) = c;
+        *size.add(s as usize) = class_size(c);
+    }
+}
+
+/// For input word `i` and every `k` in `0..=32`: `out[(i*33+k)*2]` =
+/// `lowest_set(w, k)`, `out[(i*33+k)*2+1]` = `nth_set(w, k)` (or `u32::MAX`).
+///
+/// # Safety
+///
+/// `words` holds `n` values, `out` `n * 66`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn conformance_bits(words: *const u32, n: u32, out: *mut u32) {
+    let i = global_thread();
+    if i >= n {
+        return;
+    }
+    // SAFETY: i < n.
+    let w = unsafe { *words.add(i as usize) };
+    for k in 0..=32u32 {
+        let at = ((i * 33 + k) * 2) as usize;
+        let nth = if k < w.count_ones() { w.nth_set(k) } else { u32::MAX };
+        // SAFETY: at + 1 < n * 66.
+        unsafe {
+            *out.add(at) = w.lowest_set(k);
+            *out.add(at + 1) = nth;
+        }
+    }
+}
+
+/// The metadata layout as the GPU computes it: 8 values.
+///
+/// # Safety
+///
+/// `out` holds 8 values.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn conformance_layout(pages: u32, slots: u32, out: *mut u64) {
+    if global_thread() != 0 {
+        return;
+    }
+    let l = Layout::new(pages, slots);
+    let v = [
+        l.counters, l.lists, l.cache, l.descs, l.page_map, l.bitmaps, l.meta_bytes,
+        core::mem::size_of::<cuheap_core::page::PageDesc>(),
+    ];
+    for (i, x) in v.iter().enumerate() {
+        // SAFETY: i < 8.
+        unsafe { *out.add(i) = *x as u64 };
+    }
+}
+
+/// # Safety
+///
+/// `errors` points to two `u32`s.
+#[inline(always)]
+unsafe fn error(errors: *mut u32, which: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { AtomicU32::from_ptr(errors.add(which)) }.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Fills each thread's whole block with its thread id (`sz` as in bench).
+///
+/// # Safety
+///
+/// `ptrs` holds `n` pointers, each null or a block of `thread_size` bytes.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn fill_blocks(ptrs: *const *mut u8, n: u32, sz: u32) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    // SAFETY: tid < n.
+    let p = unsafe { *ptrs.add(tid as usize) } as *mut u32;
+    if p.is_null() {
+        return;
+    }
+    for k in 0..thread_size(tid, sz) / 4 {
+        // SAFETY: k < size / 4 words of the block.
+        unsafe { p.add(k).write_volatile(tid) };
+    }
+}
+
+/// Checks each block still holds only its thread id (another thread's id
+/// means two live blocks overlapped) and is aligned: 16 bytes, and its own
+/// size for power-of-two sizes up to 64 KiB. `errors[1]` counts failures.
+///
+/// # Safety
+///
+/// As for [`fill_blocks`]; `errors` points to two `u32`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn check_blocks(ptrs: *const *mut u8, n: u32, sz: u32, errors: *mut u32) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    // SAFETY: tid < n.
+    let p = unsafe { *ptrs.add(tid as usize) } as *mut u32;
+    if p.is_null() {
+        return;
+    }
+    let size = thread_size(tid, sz);
+    let align = if size.is_power_of_two() { size.clamp(16, 65536) } else { 16 };
+    let mut bad = p as usize % align != 0;
+    for k in 0..size / 4 {
+        // SAFETY: k < size / 4 words of the block.
+        bad |= unsafe { p.add(k).read_volatile() } != tid;
+    }
+    if bad {
+        // SAFETY: forwarded from the caller.
+        unsafe { error(errors, 1) };
+    }
+}
+
+fn mix(a: u32, b: u32) -> u32 {
+    let mut x = a.wrapping_mul(0x9E37_79B9) ^ b.wrapping_mul(0x85EB_CA6B);
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7FEB_352D);
+    x ^ (x >> 15)
+}
+
+/// Random sizes, `rounds` rounds: each thread holds two blocks at once,
+/// tags them, checks both, frees both. Mostly small sizes, some large
+/// classes and some spans. `errors[0]` counts nulls, `errors[1]` damage.
+///
+/// # Safety
+///
+/// The heap arguments describe a live heap; `errors` points to two `u32`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn stress_heap(
+    meta: u64,
+    data: u64,
+    pages: u32,
+    slots: u32,
+    n: u32,
+    rounds: u32,
+    seed: u32,
+    errors: *mut u32,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let h = handle(meta, data, pages, slots);
+    for r in 0..rounds {
+        let mut blocks = [(core::ptr::null_mut::<u32>(), 0usize); 2];
+        for (j, b) in blocks.iter_mut().enumerate() {
+            let x = mix(tid ^ seed, r * 2 + j as u32);
+            let size = match x & 0xFFF {
+                0 => 65_537 + (x >> 12) as usize % 150_000,
+                1..=16 => 4097 + (x >> 12) as usize % 61_440,
+                _ => 1 + (x >> 12) as usize % 4096,
+            };
+            // SAFETY: the caller passes a live heap.
+            let p = unsafe { dev_alloc(&h, size) } as *mut u32;
+            if p.is_null() {
+                // SAFETY: forwarded from the caller.
+                unsafe { error(errors, 0) };
+                continue;
+            }
+            let words = size / 4;
+            let tag = tid ^ (r << 24) ^ ((j as u32) << 31);
+            for k in 0..words.min(16) {
+                // SAFETY: k < size / 4.
+                unsafe { p.add(k).write_volatile(tag) };
+            }
+            if words > 16 {
+                // SAFETY: the block's last whole word.
+                unsafe { p.add(words - 1).write_volatile(tag) };
+            }
+            *b = (p, size);
+        }
+        for (j, &(p, size)) in blocks.iter().enumerate() {
+            if p.is_null() {
+                continue;
+            }
+            let tag = tid ^ (r << 24) ^ ((j as u32) << 31);
+            let words = size / 4;
+            let mut bad = p as usize % 16 != 0;
+            for k in 0..words.min(16) {
+                // SAFETY: as when written.
+                bad |= unsafe { p.add(k).read_volatile() } != tag;
+            }
+            if words > 16 {
+                // SAFETY: as when written.
+                bad |= unsafe { p.add(words - 1).read_volatile() } != tag;
+            }
+            if bad {
+                // SAFETY: forwarded from the caller.
+                unsafe { error(errors, 1) };
+            }
+            // SAFETY: `p` came from this heap.
+            unsafe { dev_free(&h, p as *mut u8) };
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The in-kernel heap: `dev_alloc`/`dev_free` over a heap the host created.
+//!
+//! Fast path of `dev_alloc`: the active lanes of a warp are grouped by size
+//! class (`match.any.sync`); each group's leader reserves blocks for the
+//! whole group on its SM's current page (one `fetch_sub`), claims them a
+//! bitmap word at a time (one `fetch_and` serves up to 32 lanes), and
+//! broadcasts the word and mask; each lane takes the set bit of its rank.
+//! `dev_free` groups lanes by bitmap word, ORs their bits (`redux.sync`),
+//! and the leader frees them with one `fetch_or` and one `fetch_add`.
+//! Sizes over the largest class (spans), zero and huge sizes take the
+//! per-thread path of `cuheap-core`.
+
+use crate::arch::{activemask, laneid, match_any, reduce_or, shfl, smid};
+use cuheap_core::heap::Located;
+use cuheap_core::size_class::{class_of, MAX_BLOCKS_PER_PAGE};
+use cuheap_core::{Grant, Heap, HeapHandle, Word};
+
+/// The heap's handle as kernels receive it: four scalars, so the kernel
+/// ABI never passes an aggregate.
+#[inline(always)]
+pub fn handle(meta: u64, data: u64, page_count: u32, slots: u32) -> HeapHandle {
+    HeapHandle { meta, data, page_count, slots }
+}
+
+/// # Safety
+///
+/// `h` describes a heap created by `cuheap-host` that outlives the kernel.
+#[inline(always)]
+unsafe fn view(h: &HeapHandle) -> Heap<'static, u32> {
+    // SAFETY: forwarded from the caller.
+    unsafe { Heap::from_handle(h) }
+}
+
+/// Allocates `size` bytes; null on size 0, on sizes over the heap, and on
+/// exhaustion (each counted in the heap's `failed_allocs`). Never traps or
+/// hangs. Blocks are 16-byte aligned, power-of-two sizes naturally aligned.
+///
+/// # Safety
+///
+/// `h` describes a live heap; may be called from any lanes, converged or not.
+#[inline(always)]
+pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    let heap = unsafe { view(h) };
+    let Some(class) = class_of(size) else {
+        return heap.alloc(size, smid()).unwrap_or(core::ptr::null_mut());
+    };
+    let peers = match_any(activemask(), class);
+    let lane = laneid();
+    let leader = peers.trailing_zeros();
+    let mut rank = (peers & ((1u32 << lane) - 1)).count_ones() as i32;
+    let mut remaining = peers.count_ones();
+    let slot = smid();
+    let mut grant = Grant { page: 0, class, count: 0, start: 0 };
+    let mut result = core::ptr::null_mut();
+    loop {
+        let (mut page, mut word, mut mask) = (0u32, 0u32, 0u32);
+        if lane == leader {
+            if grant.count == 0 {
+                if let Ok(g) = heap.reserve(class, remaining, slot) {
+                    grant = g;
+                }
+            }
+            if grant.count > 0 {
+                let run = heap.claim(&mut grant);
+                (page, word, mask) = (run.page, run.word, run.mask);
+            }
+        }
+        let mask = shfl(peers, mask, leader);
+        if mask == 0 {
+            // Out of memory: the lanes not yet served get null.
+            break;
+        }
+        let page = shfl(peers, page, leader);
+        let word = shfl(peers, word, leader);
+        let k = mask.count_ones() as i32;
+        if rank >= 0 && rank < k {
+            result = heap.block_addr(page, class, word * u32::BITS + mask.nth_set(rank as u32));
+        }
+        rank -= k;
+        remaining -= k as u32;
+        if remaining == 0 {
+            break;
+        }
+    }
+    result
+}
+
+/// Frees a block from any thread. Null is a no-op; foreign, interior and
+/// double frees are counted in the heap's `bad_frees` and change nothing.
+///
+/// # Safety
+///
+/// `h` describes a live heap; may be called from any lanes.
+#[inline(always)]
+pub unsafe fn dev_free(h: &HeapHandle, ptr: *mut u8) {
+    if ptr.is_null() {
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    let heap = unsafe { view(h) };
+    match heap.locate(ptr as usize) {
+        Ok(Located::Block { page, word, mask }) => {
+            let words = (MAX_BLOCKS_PER_PAGE / 32) as u32;
+            let peers = match_any(activemask(), page * words + word);
+            let bits = reduce_or(peers, mask);
+            if laneid() == peers.trailing_zeros() {
+                heap.free_run(page, word, bits);
+                // Lanes of one warp freeing the same block: all but one are
+                // double frees that the OR folded together.
+                let dup = peers.count_ones() - bits.count_ones();
+                if dup > 0 {
+                    cuheap_core::Counters::bump(&heap.counters().bad_frees, dup as u64);
+                }
+            }
+        }
+        Ok(Located::Span { .. }) => {
+            let _ = heap.free(ptr);
+        }
+        Err(_) => {} // counted by `locate`
+    }
+}
+
+// ---- C ABI for CUDA C/C++ ----------------------------------------------
+
+/// The heap that `cuheap_malloc`/`cuheap_free` use; the host writes it
+/// (module global `cuheap_heap`) before launching kernels that call them.
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut cuheap_heap: HeapHandle = HeapHandle { meta: 0, data: 0, page_count: 0, slots: 0 };
+
+/// `void* cuheap_malloc(size_t)`: [`dev_alloc`] on the module's heap;
+/// null if the host set no heap.
+///
+/// # Safety
+///
+/// The host set `cuheap_heap` to a live heap, or left it zeroed.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_malloc(size: usize) -> *mut u8 {
+    // SAFETY: the module global is written only by the host between launches.
+    let h = unsafe { core::ptr::addr_of!(cuheap_heap).read_volatile() };
+    if h.page_count == 0 {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: a nonzero handle was set by the host to a live heap.
+    unsafe { dev_alloc(&h, size) }
+}
+
+/// `void cuheap_free(void*)`: [`dev_free`] on the module's heap.
+///
+/// # Safety
+///
+/// As for [`cuheap_malloc`].
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_free(ptr: *mut u8) {
+    // SAFETY: as in `cuheap_malloc`.
+    let h = unsafe { core::ptr::addr_of!(cuheap_heap).read_volatile() };
+    if h.page_count == 0 {
+        return;
+    }
+    // SAFETY: as in `cuheap_malloc`.
+    unsafe { dev_free(&h, ptr) }
+}
