@@ -1,1 +1,117 @@
-fn main() {}
+//! The `cuheap` command line: device information, benchmarks, demos.
+
+use clap::{Parser, Subcommand};
+use cuheap::bench::{cpu, device, report};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "cuheap", version, about = "A GPU memory allocator: in-kernel heap and host pool")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The GPU, driver, CUDA version and the embedded PTX's kernels.
+    Info,
+    /// Benchmarks: `cpu` (any machine), `device` (in-kernel allocation), or all.
+    Bench {
+        #[arg(value_enum, default_value = "all")]
+        which: Which,
+        /// Write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write a chart (SVG) of the device results here.
+        #[arg(long)]
+        chart: Option<PathBuf>,
+        /// Timed runs per case (the median is reported).
+        #[arg(long, default_value_t = 7)]
+        reps: usize,
+        /// Only the given thread counts (e.g. --threads 1048576).
+        #[arg(long, value_delimiter = ',')]
+        threads: Option<Vec<u32>>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
+enum Which {
+    All,
+    Cpu,
+    Device,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cuheap: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    match cli.command {
+        Command::Info => info(),
+        Command::Bench { which, json, chart, reps, threads } => {
+            let mut out = serde_json::Map::new();
+            if which != Which::Device {
+                println!("## Host threads on cuheap-core\n");
+                let rows = cpu::run(2_000_000);
+                println!("{}", cpu::table(&rows));
+                out.insert("cpu".into(), serde_json::to_value(&rows)?);
+            }
+            if which != Which::Cpu {
+                match cuheap::open_gpu() {
+                    Ok(gpu) => {
+                        let mut cfg = device::Config { reps: reps.max(1), ..device::Config::default() };
+                        if let Some(t) = threads {
+                            cfg.threads = t;
+                        }
+                        let bar = indicatif::ProgressBar::new_spinner();
+                        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+                        let r = device::run(&gpu, &cfg, |step| bar.set_message(step.to_string()))?;
+                        bar.finish_and_clear();
+                        println!("## In-kernel allocation\n");
+                        println!("{}", report::device_table(&r));
+                        if let Some(path) = &chart {
+                            std::fs::write(path, report::device_svg(&r))?;
+                        }
+                        out.insert("device".into(), serde_json::to_value(&r)?);
+                    }
+                    Err(e @ (cuheap::Error::NoDriver | cuheap::Error::NoDevice(_))) if which == Which::All => {
+                        println!("GPU benchmarks skipped: {e}");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if let Some(path) = json {
+                std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn info() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cuheap {}", env!("CARGO_PKG_VERSION"));
+    println!("embedded PTX: target {}, {} kernels: {}", cuheap::PTX_ARCH, cuheap::kernel_names().len(), cuheap::kernel_names().join(", "));
+    println!("device functions for CUDA C/C++: {}", cuheap::exported_functions().join(", "));
+    match cuheap::open_gpu() {
+        Ok(gpu) => {
+            let i = gpu.info();
+            let (free, total) = gpu.mem_info()?;
+            println!("GPU 0: {} (compute capability {}.{}, {} SMs)", i.name, i.compute_capability.0, i.compute_capability.1, i.sms);
+            println!("memory: {:.1} GiB total, {:.1} GiB free", total as f64 / (1u64 << 30) as f64, free as f64 / (1u64 << 30) as f64);
+            println!("driver supports CUDA {}.{}", i.driver_cuda_version / 1000, i.driver_cuda_version % 1000 / 10);
+            Ok(())
+        }
+        Err(e @ (cuheap::Error::NoDriver | cuheap::Error::NoDevice(_))) => {
+            println!("{e}");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -40,6 +40,7 @@ pub mod size_class;
 pub mod stats;
 pub mod sync;
 pub mod word;
+pub mod workload;
 
 pub use heap::{AllocError, FreeError, FreeOutcome, Grant, Heap, HeapHandle, Run};
 pub use layout::Layout;

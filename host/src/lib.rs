@@ -1,1 +1,20 @@
-pub fn placeholder() {}
+//! `cuheap-host`: cuheap on the CUDA driver.
+//!
+//! Layers, each using only those before it:
+//!
+//! 1. [`error`]: the one [`Error`] type.
+//! 2. [`driver`]: the driver behind safe wrappers: [`Gpu`] (context,
+//!    stream, module), [`DeviceMemory`] (RAII), event timing. `cudarc`
+//!    loads `libcuda` at run time; [`Gpu::open`] checks for it first so
+//!    a machine without a GPU gets [`Error::NoDriver`], never a panic.
+//! 3. [`device_heap`]: [`DeviceHeap`], the memory behind the in-kernel
+//!    heap, its handle for kernels and its statistics.
+
+pub mod device_heap;
+pub mod driver;
+pub mod error;
+
+pub use cuheap_core::{HeapHandle, Stats};
+pub use device_heap::DeviceHeap;
+pub use driver::{DeviceInfo, DeviceMemory, Gpu, Launch};
+pub use error::{Error, Result};

@@ -14,24 +14,12 @@
 use crate::arch::{activemask, fence_gpu, global_thread, laneid, shfl};
 use crate::device_heap::{dev_alloc, dev_free, handle};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub use cuheap_core::workload::thread_size;
 
 extern "C" {
     /// CUDA's device heap (linked by the driver).
     fn malloc(size: usize) -> *mut u8;
     fn free(ptr: *mut u8);
-}
-
-/// The size thread `tid` asks for: `sz`, or mixed sizes when `sz == 0`.
-#[inline(always)]
-pub fn thread_size(tid: u32, sz: u32) -> usize {
-    if sz != 0 {
-        return sz as usize;
-    }
-    let mut x = tid.wrapping_mul(0x9E37_79B9) ^ 0x85EB_CA6B;
-    x ^= x >> 15;
-    x = x.wrapping_mul(0x2C1B_3C6D);
-    x ^= x >> 12;
-    16 + (x % (4096 - 16 + 1)) as usize
 }
 
 /// # Safety

@@ -1,0 +1,287 @@
+//! `cuheap bench device`: one thread one allocation, on the GPU, for
+//! cuheap, CUDA's device `malloc`/`free` and a warp-aggregated bump
+//! pointer (the ceiling), in one process on the same GPU. Kernel shapes:
+//! `pair` (alloc, write, fence, read back, free) and `alloc` then `free`
+//! with an untimed whole-block fill and check between them. Times are CUDA
+//! events around one launch: the median of `reps` runs after a warm-up.
+
+use super::median;
+use crate::{DeviceHeap, Gpu, Result};
+use cuheap_host::DeviceMemory;
+use cuheap_core::workload::thread_size;
+use serde::Serialize;
+
+/// One measured row.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub allocator: &'static str,
+    pub shape: &'static str,
+    pub threads: u32,
+    /// Bytes per thread; 0 = mixed 16..=4096.
+    pub size: u32,
+    pub median_ms: f64,
+    pub runs: usize,
+    /// Allocations per second at the median.
+    pub allocs_per_s: f64,
+    pub nulls: u32,
+    pub errors: u32,
+    /// Bytes of pages in use at the peak over bytes requested (cuheap alloc).
+    pub memory_ratio: Option<f64>,
+}
+
+/// A skipped measurement and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Skip {
+    pub allocator: &'static str,
+    pub threads: u32,
+    pub size: u32,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub device: String,
+    pub heap_bytes: usize,
+    pub rows: Vec<Row>,
+    pub skipped: Vec<Skip>,
+}
+
+/// Benchmark settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub threads: Vec<u32>,
+    pub sizes: Vec<u32>,
+    pub large: (u32, u32),
+    pub reps: usize,
+    pub heap_bytes: usize,
+    pub cuda_heap_bytes: usize,
+    /// Skip CUDA malloc where its first run exceeds this (ms): it scales
+    /// badly, and cases of minutes are not worth a table cell.
+    pub cuda_budget_ms: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            threads: vec![64 << 10, 1 << 20, 4 << 20],
+            sizes: vec![16, 64, 256, 1024, 4096, 0],
+            large: (4096, 256 << 10),
+            reps: 7,
+            heap_bytes: 20 << 30,
+            cuda_heap_bytes: 4 << 30,
+            cuda_budget_ms: 1500.0,
+        }
+    }
+}
+
+struct Buffers {
+    ptrs: DeviceMemory,
+    errors: DeviceMemory,
+    cursor: DeviceMemory,
+}
+
+impl Buffers {
+    fn errors(&self) -> Result<[u32; 2]> {
+        let mut e = [0u32; 2];
+        self.errors.read(0, &mut e)?;
+        self.errors.zero()?;
+        Ok(e)
+    }
+}
+
+fn expected_bytes(threads: u32, size: u32) -> u64 {
+    (0..threads).map(|t| thread_size(t, size) as u64).sum()
+}
+
+/// Runs the whole device benchmark; `progress` is called once per step.
+pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Report> {
+    // CUDA's heap limit must be set before the first kernel using malloc.
+    gpu.set_malloc_heap_size(cfg.cuda_heap_bytes)?;
+    let heap = DeviceHeap::new(gpu, cfg.heap_bytes)?;
+    let max_threads = cfg.threads.iter().copied().max().unwrap_or(1).max(cfg.large.0);
+    let bufs = Buffers {
+        ptrs: gpu.alloc_zeroed(max_threads as usize * 8)?,
+        errors: gpu.alloc_zeroed(8)?,
+        cursor: gpu.alloc_zeroed(8)?,
+    };
+    let bump = gpu.alloc_zeroed(cfg.heap_bytes)?;
+    let info = gpu.info();
+    let mut report = Report {
+        device: format!("{} ({} SMs, CUDA {}.{})", info.name, info.sms, info.driver_cuda_version / 1000, info.driver_cuda_version % 1000 / 10),
+        heap_bytes: heap.capacity(),
+        ..Report::default()
+    };
+    let mut cases: Vec<(u32, u32)> = Vec::new();
+    for &t in &cfg.threads {
+        for &s in &cfg.sizes {
+            cases.push((t, s));
+        }
+    }
+    cases.push(cfg.large);
+    for &(t, s) in &cases {
+        if expected_bytes(t, s) as f64 * 1.3 > heap.capacity() as f64 {
+            report.skipped.push(Skip { allocator: "all", threads: t, size: s, reason: "does not fit the heap".into() });
+            continue;
+        }
+        progress(&format!("cuheap {t} x {}", size_name(s)));
+        cuheap_case(gpu, &heap, &bufs, cfg, t, s, &mut report)?;
+        progress(&format!("bump {t} x {}", size_name(s)));
+        bump_case(gpu, &bump, &bufs, cfg, t, s, &mut report)?;
+    }
+    // CUDA malloc last and smallest first: skip a size once a smaller case
+    // with the same thread count already blew the budget.
+    for &(t, s) in &cases {
+        progress(&format!("CUDA malloc {t} x {}", size_name(s)));
+        if expected_bytes(t, s) as f64 * 1.1 > cfg.cuda_heap_bytes as f64 {
+            report.skipped.push(Skip { allocator: "CUDA malloc", threads: t, size: s, reason: format!("needs more than its {} GiB heap", cfg.cuda_heap_bytes >> 30) });
+            continue;
+        }
+        let blown = report.skipped.iter().any(|k| k.allocator == "CUDA malloc" && k.reason.starts_with("over budget") && k.threads <= t && (k.size <= s || s == 0));
+        if blown {
+            report.skipped.push(Skip { allocator: "CUDA malloc", threads: t, size: s, reason: "over budget (a smaller case already was)".into() });
+            continue;
+        }
+        cuda_case(gpu, &bufs, cfg, t, s, &mut report)?;
+    }
+    Ok(report)
+}
+
+pub fn size_name(s: u32) -> String {
+    match s {
+        0 => "mixed".into(),
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1024 && s % 1024 == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+fn row(allocator: &'static str, shape: &'static str, t: u32, s: u32, mut ms: Vec<f64>, errs: [u32; 2]) -> Row {
+    let runs = ms.len();
+    let m = median(&mut ms);
+    Row { allocator, shape, threads: t, size: s, median_ms: m, runs, allocs_per_s: t as f64 / (m / 1e3), nulls: errs[0], errors: errs[1], memory_ratio: None }
+}
+
+fn cuheap_case(gpu: &Gpu, heap: &DeviceHeap, b: &Buffers, cfg: &Config, t: u32, s: u32, report: &mut Report) -> Result<()> {
+    let h = heap.handle();
+    let pair = || -> Result<()> {
+        // SAFETY: matches pair_cuheap(meta, data, pages, slots, n, sz, errors).
+        unsafe { gpu.launch("pair_cuheap", t)?.heap(&h).u32(t).u32(s).u64(b.errors.ptr()).run() }
+    };
+    pair()?;
+    gpu.sync()?;
+    let mut times = Vec::new();
+    for _ in 0..cfg.reps {
+        times.push(gpu.time(pair)? as f64);
+    }
+    let mut errs = b.errors()?;
+    let st = heap.stats()?;
+    if !st.is_empty() {
+        errs[1] += 1; // blocks lost across pair runs
+    }
+    report.rows.push(row("cuheap", "pair", t, s, times, errs));
+
+    let (mut ta, mut tf) = (Vec::new(), Vec::new());
+    let mut ratio = 0.0;
+    let mut check_errs = [0u32; 2];
+    for rep in 0..=cfg.reps {
+        let alloc = || -> Result<()> {
+            // SAFETY: matches alloc_cuheap(meta, data, pages, slots, n, sz, ptrs, errors).
+            unsafe { gpu.launch("alloc_cuheap", t)?.heap(&h).u32(t).u32(s).u64(b.ptrs.ptr()).u64(b.errors.ptr()).run() }
+        };
+        let ms_a = gpu.time(alloc)? as f64;
+        if rep == 1 {
+            let st = heap.stats()?;
+            ratio = st.bytes_reserved as f64 / expected_bytes(t, s) as f64;
+        }
+        // SAFETY: fill_blocks(ptrs, n, sz) and check_blocks(ptrs, n, sz, errors).
+        unsafe {
+            gpu.launch("fill_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).run()?;
+            gpu.launch("check_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).u64(b.errors.ptr()).run()?;
+        }
+        let free = || -> Result<()> {
+            // SAFETY: matches free_cuheap(meta, data, pages, slots, n, ptrs).
+            unsafe { gpu.launch("free_cuheap", t)?.heap(&h).u32(t).u64(b.ptrs.ptr()).run() }
+        };
+        let ms_f = gpu.time(free)? as f64;
+        let e = b.errors()?;
+        check_errs[0] += e[0];
+        check_errs[1] += e[1];
+        if rep > 0 {
+            ta.push(ms_a);
+            tf.push(ms_f);
+        }
+    }
+    if !heap.stats()?.is_empty() {
+        check_errs[1] += 1;
+    }
+    let mut a = row("cuheap", "alloc", t, s, ta, check_errs);
+    a.memory_ratio = Some(ratio);
+    report.rows.push(a);
+    report.rows.push(row("cuheap", "free", t, s, tf, check_errs));
+    Ok(())
+}
+
+fn bump_case(gpu: &Gpu, bump: &DeviceMemory, b: &Buffers, cfg: &Config, t: u32, s: u32, report: &mut Report) -> Result<()> {
+    let mut times = Vec::new();
+    for rep in 0..=cfg.reps {
+        b.cursor.zero()?;
+        let alloc = || -> Result<()> {
+            // SAFETY: matches alloc_bump(base, cap, cursor, n, sz, ptrs, errors).
+            unsafe { gpu.launch("alloc_bump", t)?.u64(bump.ptr()).u64(bump.bytes() as u64).u64(b.cursor.ptr()).u32(t).u32(s).u64(b.ptrs.ptr()).u64(b.errors.ptr()).run() }
+        };
+        let ms = gpu.time(alloc)? as f64;
+        if rep > 0 {
+            times.push(ms);
+        }
+    }
+    // SAFETY: as in cuheap_case.
+    unsafe {
+        gpu.launch("fill_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).run()?;
+        gpu.launch("check_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).u64(b.errors.ptr()).run()?;
+    }
+    report.rows.push(row("bump (ceiling)", "alloc", t, s, times, b.errors()?));
+    Ok(())
+}
+
+fn cuda_case(gpu: &Gpu, b: &Buffers, cfg: &Config, t: u32, s: u32, report: &mut Report) -> Result<()> {
+    let pair = || -> Result<()> {
+        // SAFETY: matches pair_cuda(n, sz, errors).
+        unsafe { gpu.launch("pair_cuda", t)?.u32(t).u32(s).u64(b.errors.ptr()).run() }
+    };
+    let first = gpu.time(pair)? as f64;
+    if first > cfg.cuda_budget_ms {
+        b.errors()?;
+        report.skipped.push(Skip { allocator: "CUDA malloc", threads: t, size: s, reason: format!("over budget: one pair run took {first:.0} ms") });
+        return Ok(());
+    }
+    let mut times = Vec::new();
+    for _ in 0..cfg.reps {
+        times.push(gpu.time(pair)? as f64);
+    }
+    report.rows.push(row("CUDA malloc", "pair", t, s, times, b.errors()?));
+    let (mut ta, mut tf) = (Vec::new(), Vec::new());
+    let mut errs = [0u32; 2];
+    for _ in 0..cfg.reps {
+        let alloc = || -> Result<()> {
+            // SAFETY: matches alloc_cuda(n, sz, ptrs, errors).
+            unsafe { gpu.launch("alloc_cuda", t)?.u32(t).u32(s).u64(b.ptrs.ptr()).u64(b.errors.ptr()).run() }
+        };
+        ta.push(gpu.time(alloc)? as f64);
+        // SAFETY: as in cuheap_case.
+        unsafe {
+            gpu.launch("fill_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).run()?;
+            gpu.launch("check_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).u64(b.errors.ptr()).run()?;
+        }
+        let free = || -> Result<()> {
+            // SAFETY: matches free_cuda(n, ptrs).
+            unsafe { gpu.launch("free_cuda", t)?.u32(t).u64(b.ptrs.ptr()).run() }
+        };
+        tf.push(gpu.time(free)? as f64);
+        let e = b.errors()?;
+        errs[0] += e[0];
+        errs[1] += e[1];
+    }
+    report.rows.push(row("CUDA malloc", "alloc", t, s, ta, errs));
+    report.rows.push(row("CUDA malloc", "free", t, s, tf, errs));
+    Ok(())
+}

@@ -1,0 +1,31 @@
+//! The benchmarks behind `cuheap bench`: host threads on `cuheap-core`
+//! ([`cpu`]) and in-kernel allocation on the GPU ([`device`]), reported as
+//! a table, JSON and an SVG chart ([`report`]).
+
+pub mod cpu;
+pub mod device;
+pub mod report;
+
+/// Median of a non-empty sample (the mean of the middle two for even sizes).
+pub fn median(xs: &mut [f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(super::median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(super::median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(super::median(&mut []).is_nan());
+    }
+}

@@ -1,0 +1,18 @@
+// A CUDA C++ kernel using cuheap's device heap through its C ABI.
+// Build: nvcc -rdc=true -ptx -arch=sm_80 demo.cu -o demo.ptx, then JIT-link
+// demo.ptx with cuheap's PTX (Gpu::open_linked).
+#include <cstddef>
+
+extern "C" __device__ void* cuheap_malloc(size_t size);
+extern "C" __device__ void cuheap_free(void* ptr);
+
+extern "C" __global__ void capi_demo(unsigned n, unsigned* errors) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned* p = static_cast<unsigned*>(cuheap_malloc(64));
+    if (p == nullptr) { atomicAdd(&errors[0], 1u); return; }
+    for (int k = 0; k < 16; k++) p[k] = i * 16 + k;
+    __threadfence();
+    for (int k = 0; k < 16; k++) if (p[k] != i * 16 + k) atomicAdd(&errors[1], 1u);
+    cuheap_free(p);
+}

@@ -1,0 +1,173 @@
+//! The in-kernel heap on a GPU: every size class in every kernel shape,
+//! spans, exhaustion, bad frees, a random stress, and the C ABI.
+
+mod common;
+use common::*;
+use cuheap::core::size_class::{CLASS_SIZES, PAGE_SIZE};
+use cuheap::{DeviceHeap, Gpu};
+
+fn heap(gpu: &Gpu, bytes: usize) -> DeviceHeap {
+    DeviceHeap::new(gpu, bytes).unwrap()
+}
+
+fn assert_empty(h: &DeviceHeap) {
+    let s = h.stats().unwrap();
+    assert!(s.is_empty(), "blocks not returned: {} blocks, {} spans", s.blocks(), s.spans);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn every_class_alloc_fill_check_free_and_pair() {
+    let gpu = gpu();
+    let h = heap(&gpu, 8 << 30);
+    let n = 64 << 10;
+    let b = Bufs::new(&gpu, n);
+    for &sz in CLASS_SIZES.iter().chain([1u32, 7, 100, 1000, 5000, 0].iter()) {
+        let n = if sz > 4096 { 16 << 10 } else { n };
+        alloc(&gpu, &h, &b, n, sz);
+        let ptrs = b.ptrs(n);
+        assert!(ptrs.iter().all(|&p| p % 16 == 0 && p != 0), "size {sz}: null or misaligned block");
+        fill_check(&gpu, &b, n, sz);
+        assert_eq!(b.take_errors(), [0, 0], "size {sz}: nulls / overlapping or misaligned blocks");
+        let s = h.stats().unwrap();
+        assert_eq!(s.blocks(), n as u64, "size {sz}: blocks in use");
+        free(&gpu, &h, &b, n);
+        assert_empty(&h);
+        pair(&gpu, &h, &b, n, sz);
+        assert_eq!(b.take_errors(), [0, 0], "size {sz}: pair kernel");
+        assert_empty(&h);
+    }
+    assert_eq!(h.stats().unwrap().bad_frees, 0);
+    println!("all {} classes and odd sizes: no overlap, aligned, all returned", CLASS_SIZES.len());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn spans_up_to_16_mib() {
+    let gpu = gpu();
+    let h = heap(&gpu, 4 << 30);
+    for (n, sz) in [(4096u32, 65_537u32), (1024, 1 << 20), (64, 16 << 20)] {
+        let b = Bufs::new(&gpu, n);
+        alloc(&gpu, &h, &b, n, sz);
+        assert!(b.ptrs(n).iter().all(|&p| p % PAGE_SIZE as u64 == 0 && p != 0));
+        fill_check(&gpu, &b, n, sz);
+        assert_eq!(b.take_errors(), [0, 0], "spans of {sz} B");
+        assert_eq!(h.stats().unwrap().spans, n as u64);
+        free(&gpu, &h, &b, n);
+        assert_empty(&h);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn exhaustion_returns_null_and_recovers() {
+    let gpu = gpu();
+    let h = heap(&gpu, 64 * PAGE_SIZE); // 4 MiB
+    let n = 1 << 20;
+    let b = Bufs::new(&gpu, n);
+    alloc(&gpu, &h, &b, n, 256);
+    let got = b.ptrs(n).iter().filter(|&&p| p != 0).count() as u32;
+    fill_check(&gpu, &b, n, 256);
+    let e = b.take_errors();
+    assert_eq!(e[1], 0, "blocks overlap under exhaustion");
+    assert_eq!(e[0], n - got, "every null is counted");
+    assert!(got > 0 && got <= 64 * 256, "got {got} blocks of 256 B from 4 MiB");
+    let s = h.stats().unwrap();
+    assert_eq!(s.failed_allocs, (n - got) as u64);
+    println!("exhaustion: {got} of {n} allocations served from 4 MiB, {} nulls counted", s.failed_allocs);
+    free(&gpu, &h, &b, n);
+    assert_empty(&h);
+    // After the frees the heap serves a full load again, in another class.
+    let m = 64 * 16 - 132;
+    alloc(&gpu, &h, &b, m, 4096);
+    assert_eq!(b.take_errors()[0], 0, "allocations fail after recovery");
+    free(&gpu, &h, &b, m);
+    assert_empty(&h);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn double_interior_and_foreign_frees_are_counted_and_harmless() {
+    let gpu = gpu();
+    let h = heap(&gpu, 1 << 30);
+    let n = 64 << 10;
+    let b = Bufs::new(&gpu, n);
+    alloc(&gpu, &h, &b, n, 64);
+    let ptrs = b.ptrs(n);
+    free(&gpu, &h, &b, n);
+    assert_empty(&h);
+    free(&gpu, &h, &b, n); // every pointer a second time
+    assert_eq!(h.stats().unwrap().bad_frees, n as u64);
+    let foreign = gpu.alloc_zeroed(4096).unwrap();
+    let bad: Vec<u64> = (0..n as u64)
+        .map(|i| match i % 3 {
+            0 => foreign.ptr() + (i % 256) * 16, // outside the heap
+            1 => ptrs[i as usize] + 8,           // interior
+            _ => h.handle().data + (h.capacity() as u64) - 16 * (i + 1), // unused page
+        })
+        .collect();
+    b.ptrs.write(0, &bad).unwrap();
+    free(&gpu, &h, &b, n);
+    assert_eq!(h.stats().unwrap().bad_frees, 2 * n as u64);
+    assert_empty(&h);
+    pair(&gpu, &h, &b, n, 64);
+    assert_eq!(b.take_errors(), [0, 0], "heap damaged by bad frees");
+    assert_empty(&h);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn stress_4m_threads_random_sizes() {
+    let gpu = gpu();
+    let h = heap(&gpu, 24 << 30);
+    let b = Bufs::new(&gpu, 1);
+    let n = 4 << 20;
+    for seed in 0..3u32 {
+        // SAFETY: stress_heap(meta, data, pages, slots, n, rounds, seed, errors).
+        unsafe { gpu.launch("stress_heap", n).unwrap().heap(&h.handle()).u32(n).u32(4).u32(seed).u64(b.errors.ptr()).run().unwrap() };
+        gpu.sync().unwrap();
+        assert_eq!(b.take_errors(), [0, 0], "seed {seed}: [nulls, damaged blocks]");
+        assert_empty(&h);
+    }
+    let s = h.stats().unwrap();
+    assert_eq!((s.bad_frees, s.failed_allocs), (0, 0));
+    println!("stress: 3 x 4M threads x 4 rounds x 2 blocks, pages activated {} retired {}", s.pages_activated, s.pages_retired);
+}
+
+fn nvcc() -> std::path::PathBuf {
+    for p in ["nvcc", "/usr/local/cuda/bin/nvcc"] {
+        if std::process::Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()) {
+            return p.into();
+        }
+    }
+    panic!("nvcc not found: the C ABI test compiles tests/capi/demo.cu with it");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn c_abi_from_cuda_cpp() {
+    let dir = std::env::temp_dir().join(format!("cuheap-capi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("demo.ptx");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/capi/demo.cu");
+    let st = std::process::Command::new(nvcc())
+        .args(["-rdc=true", "-ptx", "-arch=sm_80", src, "-o"])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success(), "nvcc failed");
+    let demo = std::fs::read_to_string(&out).unwrap();
+    let gpu = Gpu::open_linked(&[cuheap::PTX, &demo]).unwrap();
+    let h = DeviceHeap::new(&gpu, 1 << 30).unwrap();
+    gpu.write_global("cuheap_heap", &h.handle()).unwrap();
+    let n = 1 << 20;
+    let errors = gpu.alloc_zeroed(8).unwrap();
+    // SAFETY: capi_demo(unsigned n, unsigned* errors).
+    unsafe { gpu.launch("capi_demo", n).unwrap().u32(n).u64(errors.ptr()).run().unwrap() };
+    gpu.sync().unwrap();
+    let mut e = [0u32; 2];
+    errors.read(0, &mut e).unwrap();
+    assert_eq!(e, [0, 0]);
+    assert_empty(&h);
+    println!("C ABI: 1M CUDA C++ threads used cuheap_malloc/cuheap_free");
+}
