@@ -27,9 +27,15 @@ const SCRUB: &[&str] = &[
 ];
 
 fn main() {
-    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for dir in ["kernels/src", "kernels/Cargo.toml", "core/src", "core/Cargo.toml"] {
+    for dir in [
+        "kernels/src",
+        "kernels/Cargo.toml",
+        "core/src",
+        "core/Cargo.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     println!("cargo:rerun-if-env-changed=CUHEAP_PTX_ARCH");
@@ -48,7 +54,13 @@ fn main() {
         cmd.env_remove(v);
     }
     cmd.arg(format!("+{toolchain}"))
-        .args(["rustc", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+        .args([
+            "rustc",
+            "--release",
+            "--target",
+            "nvptx64-nvidia-cuda",
+            "-Zbuild-std=core",
+        ])
         .arg("--manifest-path")
         .arg(root.join("kernels/Cargo.toml"))
         .arg("--target-dir")
@@ -63,7 +75,9 @@ fn main() {
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let hint = if stderr.contains("toolchain") && stderr.contains("not installed") {
-            format!("the `{toolchain}` toolchain is missing: `rustup toolchain install {toolchain}`")
+            format!(
+                "the `{toolchain}` toolchain is missing: `rustup toolchain install {toolchain}`"
+            )
         } else if stderr.contains("rust-src") || stderr.contains("library/Cargo.lock") {
             format!("the standard library source is missing: `rustup component add rust-src --toolchain {toolchain}`")
         } else {

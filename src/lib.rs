@@ -29,7 +29,14 @@ pub fn kernel_names() -> Vec<&'static str> {
 pub fn exported_functions() -> Vec<&'static str> {
     PTX.lines()
         .filter_map(|l| l.trim().strip_prefix(".visible .func "))
-        .map(|l| l.rsplit(')').next().unwrap_or(l).trim().trim_end_matches('(').trim())
+        .map(|l| {
+            l.rsplit(')')
+                .next()
+                .unwrap_or(l)
+                .trim()
+                .trim_end_matches('(')
+                .trim()
+        })
         .map(|l| l.split('(').next().unwrap_or(l).trim())
         .collect()
 }

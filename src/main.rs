@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "cuheap", version, about = "A GPU memory allocator: in-kernel heap and host pool")]
+#[command(
+    name = "cuheap",
+    version,
+    about = "A GPU memory allocator: in-kernel heap and host pool"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -55,7 +59,13 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Info => info(),
-        Command::Bench { which, json, chart, reps, threads } => {
+        Command::Bench {
+            which,
+            json,
+            chart,
+            reps,
+            threads,
+        } => {
             let mut out = serde_json::Map::new();
             if which != Which::Device {
                 println!("## Host threads on cuheap-core\n");
@@ -66,7 +76,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             if which != Which::Cpu {
                 match cuheap::open_gpu() {
                     Ok(gpu) => {
-                        let mut cfg = device::Config { reps: reps.max(1), ..device::Config::default() };
+                        let mut cfg = device::Config {
+                            reps: reps.max(1),
+                            ..device::Config::default()
+                        };
                         if let Some(t) = threads {
                             cfg.threads = t;
                         }
@@ -81,7 +94,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         }
                         out.insert("device".into(), serde_json::to_value(&r)?);
                     }
-                    Err(e @ (cuheap::Error::NoDriver | cuheap::Error::NoDevice(_))) if which == Which::All => {
+                    Err(e @ (cuheap::Error::NoDriver | cuheap::Error::NoDevice(_)))
+                        if which == Which::All =>
+                    {
                         println!("GPU benchmarks skipped: {e}");
                     }
                     Err(e) => return Err(e.into()),
@@ -97,15 +112,34 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
 
 fn info() -> Result<(), Box<dyn std::error::Error>> {
     println!("cuheap {}", env!("CARGO_PKG_VERSION"));
-    println!("embedded PTX: target {}, {} kernels: {}", cuheap::PTX_ARCH, cuheap::kernel_names().len(), cuheap::kernel_names().join(", "));
-    println!("device functions for CUDA C/C++: {}", cuheap::exported_functions().join(", "));
+    println!(
+        "embedded PTX: target {}, {} kernels: {}",
+        cuheap::PTX_ARCH,
+        cuheap::kernel_names().len(),
+        cuheap::kernel_names().join(", ")
+    );
+    println!(
+        "device functions for CUDA C/C++: {}",
+        cuheap::exported_functions().join(", ")
+    );
     match cuheap::open_gpu() {
         Ok(gpu) => {
             let i = gpu.info();
             let (free, total) = gpu.mem_info()?;
-            println!("GPU 0: {} (compute capability {}.{}, {} SMs)", i.name, i.compute_capability.0, i.compute_capability.1, i.sms);
-            println!("memory: {:.1} GiB total, {:.1} GiB free", total as f64 / (1u64 << 30) as f64, free as f64 / (1u64 << 30) as f64);
-            println!("driver supports CUDA {}.{}", i.driver_cuda_version / 1000, i.driver_cuda_version % 1000 / 10);
+            println!(
+                "GPU 0: {} (compute capability {}.{}, {} SMs)",
+                i.name, i.compute_capability.0, i.compute_capability.1, i.sms
+            );
+            println!(
+                "memory: {:.1} GiB total, {:.1} GiB free",
+                total as f64 / (1u64 << 30) as f64,
+                free as f64 / (1u64 << 30) as f64
+            );
+            println!(
+                "driver supports CUDA {}.{}",
+                i.driver_cuda_version / 1000,
+                i.driver_cuda_version % 1000 / 10
+            );
             Ok(())
         }
         Err(e @ (cuheap::Error::NoDriver | cuheap::Error::NoDevice(_))) => {

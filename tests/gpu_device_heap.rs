@@ -12,7 +12,12 @@ fn heap(gpu: &Gpu, bytes: usize) -> DeviceHeap {
 
 fn assert_empty(h: &DeviceHeap) {
     let s = h.stats().unwrap();
-    assert!(s.is_empty(), "blocks not returned: {} blocks, {} spans", s.blocks(), s.spans);
+    assert!(
+        s.is_empty(),
+        "blocks not returned: {} blocks, {} spans",
+        s.blocks(),
+        s.spans
+    );
 }
 
 #[test]
@@ -22,13 +27,23 @@ fn every_class_alloc_fill_check_free_and_pair() {
     let h = heap(&gpu, 8 << 30);
     let n = 64 << 10;
     let b = Bufs::new(&gpu, n);
-    for &sz in CLASS_SIZES.iter().chain([1u32, 7, 100, 1000, 5000, 0].iter()) {
+    for &sz in CLASS_SIZES
+        .iter()
+        .chain([1u32, 7, 100, 1000, 5000, 0].iter())
+    {
         let n = if sz > 4096 { 16 << 10 } else { n };
         alloc(&gpu, &h, &b, n, sz);
         let ptrs = b.ptrs(n);
-        assert!(ptrs.iter().all(|&p| p % 16 == 0 && p != 0), "size {sz}: null or misaligned block");
+        assert!(
+            ptrs.iter().all(|&p| p % 16 == 0 && p != 0),
+            "size {sz}: null or misaligned block"
+        );
         fill_check(&gpu, &b, n, sz);
-        assert_eq!(b.take_errors(), [0, 0], "size {sz}: nulls / overlapping or misaligned blocks");
+        assert_eq!(
+            b.take_errors(),
+            [0, 0],
+            "size {sz}: nulls / overlapping or misaligned blocks"
+        );
         let s = h.stats().unwrap();
         assert_eq!(s.blocks(), n as u64, "size {sz}: blocks in use");
         free(&gpu, &h, &b, n);
@@ -38,7 +53,10 @@ fn every_class_alloc_fill_check_free_and_pair() {
         assert_empty(&h);
     }
     assert_eq!(h.stats().unwrap().bad_frees, 0);
-    println!("all {} classes and odd sizes: no overlap, aligned, all returned", CLASS_SIZES.len());
+    println!(
+        "all {} classes and odd sizes: no overlap, aligned, all returned",
+        CLASS_SIZES.len()
+    );
 }
 
 #[test]
@@ -49,7 +67,10 @@ fn spans_up_to_16_mib() {
     for (n, sz) in [(4096u32, 65_537u32), (1024, 1 << 20), (64, 16 << 20)] {
         let b = Bufs::new(&gpu, n);
         alloc(&gpu, &h, &b, n, sz);
-        assert!(b.ptrs(n).iter().all(|&p| p % PAGE_SIZE as u64 == 0 && p != 0));
+        assert!(b
+            .ptrs(n)
+            .iter()
+            .all(|&p| p % PAGE_SIZE as u64 == 0 && p != 0));
         fill_check(&gpu, &b, n, sz);
         assert_eq!(b.take_errors(), [0, 0], "spans of {sz} B");
         assert_eq!(h.stats().unwrap().spans, n as u64);
@@ -71,10 +92,16 @@ fn exhaustion_returns_null_and_recovers() {
     let e = b.take_errors();
     assert_eq!(e[1], 0, "blocks overlap under exhaustion");
     assert_eq!(e[0], n - got, "every null is counted");
-    assert!(got > 0 && got <= 64 * 256, "got {got} blocks of 256 B from 4 MiB");
+    assert!(
+        got > 0 && got <= 64 * 256,
+        "got {got} blocks of 256 B from 4 MiB"
+    );
     let s = h.stats().unwrap();
     assert_eq!(s.failed_allocs, (n - got) as u64);
-    println!("exhaustion: {got} of {n} allocations served from 4 MiB, {} nulls counted", s.failed_allocs);
+    println!(
+        "exhaustion: {got} of {n} allocations served from 4 MiB, {} nulls counted",
+        s.failed_allocs
+    );
     free(&gpu, &h, &b, n);
     assert_empty(&h);
     // After the frees the heap serves a full load again, in another class.
@@ -124,19 +151,40 @@ fn stress_4m_threads_random_sizes() {
     let n = 4 << 20;
     for seed in 0..3u32 {
         // SAFETY: stress_heap(meta, data, pages, slots, n, rounds, seed, errors).
-        unsafe { gpu.launch("stress_heap", n).unwrap().heap(&h.handle()).u32(n).u32(4).u32(seed).u64(b.errors.ptr()).run().unwrap() };
+        unsafe {
+            gpu.launch("stress_heap", n)
+                .unwrap()
+                .heap(&h.handle())
+                .u32(n)
+                .u32(4)
+                .u32(seed)
+                .u64(b.errors.ptr())
+                .run()
+                .unwrap()
+        };
         gpu.sync().unwrap();
-        assert_eq!(b.take_errors(), [0, 0], "seed {seed}: [nulls, damaged blocks]");
+        assert_eq!(
+            b.take_errors(),
+            [0, 0],
+            "seed {seed}: [nulls, damaged blocks]"
+        );
         assert_empty(&h);
     }
     let s = h.stats().unwrap();
     assert_eq!((s.bad_frees, s.failed_allocs), (0, 0));
-    println!("stress: 3 x 4M threads x 4 rounds x 2 blocks, pages activated {} retired {}", s.pages_activated, s.pages_retired);
+    println!(
+        "stress: 3 x 4M threads x 4 rounds x 2 blocks, pages activated {} retired {}",
+        s.pages_activated, s.pages_retired
+    );
 }
 
 fn nvcc() -> std::path::PathBuf {
     for p in ["nvcc", "/usr/local/cuda/bin/nvcc"] {
-        if std::process::Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        if std::process::Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
             return p.into();
         }
     }
@@ -163,7 +211,14 @@ fn c_abi_from_cuda_cpp() {
     let n = 1 << 20;
     let errors = gpu.alloc_zeroed(8).unwrap();
     // SAFETY: capi_demo(unsigned n, unsigned* errors).
-    unsafe { gpu.launch("capi_demo", n).unwrap().u32(n).u64(errors.ptr()).run().unwrap() };
+    unsafe {
+        gpu.launch("capi_demo", n)
+            .unwrap()
+            .u32(n)
+            .u64(errors.ptr())
+            .run()
+            .unwrap()
+    };
     gpu.sync().unwrap();
     let mut e = [0u32; 2];
     errors.read(0, &mut e).unwrap();

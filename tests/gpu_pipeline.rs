@@ -24,7 +24,14 @@ fn kernel_launch_smoke() {
     let input: Vec<u32> = (0..n).collect();
     x.write(0, &input).unwrap();
     // SAFETY: smoke(x, n) over n u32s.
-    unsafe { gpu.launch("smoke", n).unwrap().u64(x.ptr()).u32(n).run().unwrap() };
+    unsafe {
+        gpu.launch("smoke", n)
+            .unwrap()
+            .u64(x.ptr())
+            .u32(n)
+            .run()
+            .unwrap()
+    };
     gpu.sync().unwrap();
     let mut out = vec![0u32; n as usize];
     x.read(0, &mut out).unwrap();
@@ -40,7 +47,15 @@ fn size_classes_match_cpu_for_every_size() {
     let class = gpu.alloc_zeroed(n * 4).unwrap();
     let size = gpu.alloc_zeroed(n * 4).unwrap();
     // SAFETY: conformance_classes(class, size, max) writes max + 1 values each.
-    unsafe { gpu.launch("conformance_classes", max + 1).unwrap().u64(class.ptr()).u64(size.ptr()).u32(max).run().unwrap() };
+    unsafe {
+        gpu.launch("conformance_classes", max + 1)
+            .unwrap()
+            .u64(class.ptr())
+            .u64(size.ptr())
+            .u32(max)
+            .run()
+            .unwrap()
+    };
     gpu.sync().unwrap();
     let (mut c, mut s) = (vec![0u32; n], vec![0u32; n]);
     class.read(0, &mut c).unwrap();
@@ -73,10 +88,26 @@ fn bitmap_helpers_and_layout_match_cpu() {
     input.write(0, &words).unwrap();
     let out = gpu.alloc_zeroed(words.len() * 66 * 4).unwrap();
     // SAFETY: conformance_bits(words, n, out) with n * 66 outputs.
-    unsafe { gpu.launch("conformance_bits", n).unwrap().u64(input.ptr()).u32(n).u64(out.ptr()).run().unwrap() };
+    unsafe {
+        gpu.launch("conformance_bits", n)
+            .unwrap()
+            .u64(input.ptr())
+            .u32(n)
+            .u64(out.ptr())
+            .run()
+            .unwrap()
+    };
     let lay = gpu.alloc_zeroed(64).unwrap();
     // SAFETY: conformance_layout(pages, slots, out) writes 8 u64s.
-    unsafe { gpu.launch("conformance_layout", 1).unwrap().u32(12345).u32(132).u64(lay.ptr()).run().unwrap() };
+    unsafe {
+        gpu.launch("conformance_layout", 1)
+            .unwrap()
+            .u32(12345)
+            .u32(132)
+            .u64(lay.ptr())
+            .run()
+            .unwrap()
+    };
     gpu.sync().unwrap();
     let mut got = vec![0u32; words.len() * 66];
     out.read(0, &mut got).unwrap();
@@ -84,7 +115,11 @@ fn bitmap_helpers_and_layout_match_cpu() {
     for (i, &w) in words.iter().enumerate() {
         for k in 0..=32u32 {
             let at = (i * 33 + k as usize) * 2;
-            let nth = if k < w.count_ones() { w.nth_set(k) } else { u32::MAX };
+            let nth = if k < w.count_ones() {
+                w.nth_set(k)
+            } else {
+                u32::MAX
+            };
             mismatches += (got[at] != w.lowest_set(k)) as u32 + (got[at + 1] != nth) as u32;
         }
     }
@@ -92,6 +127,19 @@ fn bitmap_helpers_and_layout_match_cpu() {
     let mut l = [0u64; 8];
     lay.read(0, &mut l).unwrap();
     let c = Layout::new(12345, 132);
-    let cpu = [c.counters, c.lists, c.cache, c.descs, c.page_map, c.bitmaps, c.meta_bytes, std::mem::size_of::<cuheap::core::page::PageDesc>()];
-    assert_eq!(l.to_vec(), cpu.iter().map(|&v| v as u64).collect::<Vec<_>>(), "metadata layout differs between GPU and CPU");
+    let cpu = [
+        c.counters,
+        c.lists,
+        c.cache,
+        c.descs,
+        c.page_map,
+        c.bitmaps,
+        c.meta_bytes,
+        std::mem::size_of::<cuheap::core::page::PageDesc>(),
+    ];
+    assert_eq!(
+        l.to_vec(),
+        cpu.iter().map(|&v| v as u64).collect::<Vec<_>>(),
+        "metadata layout differs between GPU and CPU"
+    );
 }

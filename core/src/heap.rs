@@ -109,9 +109,15 @@ const fn words_per_page<W: Word>() -> usize {
     BITMAP_BYTES_PER_PAGE * 8 / W::BITS as usize
 }
 
+/// A slot's cache entry while one thread installs a page there.
+const INSTALLING: u32 = u32::MAX;
+/// Slots whose lists are tried before a fresh page.
+const NEAR_SLOTS: u32 = 4;
+
 /// Pages of a class are listed once this many blocks are free.
 #[inline(always)]
 const fn list_threshold(cap: u32) -> u32 {
+    // (see `settle`)
     let t = cap / 4;
     if t == 0 {
         1
@@ -146,7 +152,10 @@ impl<'a, W: Word> Heap<'a, W> {
                 page_count: h.page_count,
                 slots: h.slots,
                 counters: &*(m.add(l.counters) as *const Counters),
-                lists: core::slice::from_raw_parts(m.add(l.lists) as *const AtomicU64, CLASS_COUNT),
+                lists: core::slice::from_raw_parts(
+                    m.add(l.lists) as *const AtomicU64,
+                    h.slots as usize * CLASS_COUNT,
+                ),
                 cache: core::slice::from_raw_parts(
                     m.add(l.cache) as *const AtomicU32,
                     h.slots as usize * CLASS_COUNT,
@@ -187,9 +196,10 @@ impl<'a, W: Word> Heap<'a, W> {
         Bitmap::new(&self.bitmaps[at..at + w])
     }
 
+    /// Slot `slot`'s list of partly free pages of `class`.
     #[inline(always)]
-    fn list(&self, class: u32) -> PageList<'a> {
-        PageList::new(&self.lists[class as usize])
+    fn list(&self, class: u32, slot: u32) -> PageList<'a> {
+        PageList::new(&self.lists[(slot % self.slots) as usize * CLASS_COUNT + class as usize])
     }
 
     #[inline(always)]
@@ -241,13 +251,25 @@ impl<'a, W: Word> Heap<'a, W> {
         let cache = self.slot_cache(class, slot);
         loop {
             let cur = cache.load(Ordering::Acquire);
+            if cur == INSTALLING {
+                spin_hint();
+                continue;
+            }
             if cur == 0 {
                 self.install_page(class, slot)?;
                 continue;
             }
             let page = cur - 1;
             let d = &self.descs[page as usize];
-            let (got, free_before) = d.reserve(want);
+            let before = d.take(want);
+            let got = if before.live && before.free > 0 {
+                (before.free as u32).min(want)
+            } else {
+                0
+            };
+            if got < want {
+                self.return_blocks(page, want - got, slot);
+            }
             if got > 0 {
                 if d.kind() == Kind::Class(class) {
                     let cap = blocks_per_page(class);
@@ -255,12 +277,12 @@ impl<'a, W: Word> Heap<'a, W> {
                         page,
                         class,
                         count: got,
-                        start: (cap - free_before) / W::BITS,
+                        start: cap.saturating_sub(before.free as u32) / W::BITS,
                     });
                 }
                 // The slot was re-pointed after we read it and the page now
                 // serves another class: not ours to use.
-                self.return_blocks(page, got);
+                self.return_blocks(page, got, slot);
                 continue;
             }
             // Full: detach it so the next round takes another page.
@@ -268,7 +290,8 @@ impl<'a, W: Word> Heap<'a, W> {
                 .compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                self.float(page);
+                let a = d.float();
+                self.settle(page, a, slot);
             }
         }
     }
@@ -294,40 +317,61 @@ impl<'a, W: Word> Heap<'a, W> {
         }
     }
 
-    /// Gives a slot a current page for `class` (cold path).
+    /// Gives a slot a current page for `class` (cold path). One thread per
+    /// slot does it (the slot holds `INSTALLING` meanwhile), so a burst of
+    /// warps finding the page full takes one new page, not one each.
     #[inline(never)]
     fn install_page(&self, class: u32, slot: u32) -> Result<(), AllocError> {
-        let page = match self.acquire_page(class, slot) {
-            Some(p) => p,
-            None => return self.reserve_by_scan_or_fail(class),
-        };
         let cache = self.slot_cache(class, slot);
         if cache
-            .compare_exchange(0, page + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(0, INSTALLING, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()
         {
-            // Another thread installed one first; ours floats (and is listed).
-            self.float(page);
+            return Ok(()); // someone else is installing or installed one
         }
-        Ok(())
+        match self.acquire_page(class, slot) {
+            Some(p) => {
+                cache.store(p + 1, Ordering::Release);
+                Ok(())
+            }
+            None => {
+                cache.store(0, Ordering::Release);
+                self.reserve_by_scan_or_fail(class, slot)
+            }
+        }
     }
 
-    /// A page for `class`, attached to nobody yet (state `ATTACHED`).
+    /// A page for `class`, attached to nobody yet (state `ATTACHED`): this
+    /// slot's list, nearby slots' lists, a fresh page, any slot's list,
+    /// then empty pages reclaimed from every list.
     fn acquire_page(&self, class: u32, slot: u32) -> Option<u32> {
-        if let Some(p) = self.list(class).pop(self.next_of()) {
+        let pop = |s: u32| {
+            let p = self.list(class, s).pop(self.next_of())?;
             self.descs[p as usize]
                 .state
-                .store(STATE_ATTACHED, Ordering::SeqCst);
-            return Some(p);
-        }
-        let hint = slot.wrapping_mul(0x9E37_79B9) % self.page_count;
-        for _ in 0..2 {
-            if let Some(p) = PageMap::new(self.page_map).claim_one(hint, self.page_count) {
-                self.activate(p, class);
+                .store(STATE_ATTACHED, Ordering::Relaxed);
+            Some(p)
+        };
+        for k in 0..NEAR_SLOTS.min(self.slots) {
+            if let Some(p) = pop(slot.wrapping_add(k)) {
                 return Some(p);
             }
-            if self.scavenge() == 0 {
-                break;
+        }
+        let hint = slot.wrapping_mul(0x9E37_79B9) % self.page_count;
+        let map = PageMap::new(self.page_map);
+        if let Some(p) = map.claim_one(hint, self.page_count) {
+            self.activate(p, class);
+            return Some(p);
+        }
+        for k in NEAR_SLOTS..self.slots {
+            if let Some(p) = pop(slot.wrapping_add(k)) {
+                return Some(p);
+            }
+        }
+        if self.scavenge() > 0 {
+            if let Some(p) = map.claim_one(hint, self.page_count) {
+                self.activate(p, class);
+                return Some(p);
             }
         }
         None
@@ -342,41 +386,33 @@ impl<'a, W: Word> Heap<'a, W> {
 
     /// Out of fresh pages: before failing, look for free blocks of `class`
     /// on any page: floating pages under the list threshold and other
-    /// slots' current pages are moved to the class's list, where the next
+    /// slots' current pages are moved to this slot's list, where the next
     /// reserve round finds them. Nothing free is ever reported as exhausted.
     #[inline(never)]
-    fn reserve_by_scan_or_fail(&self, class: u32) -> Result<(), AllocError> {
+    fn reserve_by_scan_or_fail(&self, class: u32, slot: u32) -> Result<(), AllocError> {
         for (p, d) in self.descs.iter().enumerate() {
             let p = p as u32;
-            if d.kind.load(Ordering::Acquire) != class + 1 || d.free_now() <= 0 {
+            if d.kind.load(Ordering::Acquire) != class + 1 || d.now().free <= 0 {
                 continue;
             }
-            match d.state.load(Ordering::SeqCst) {
-                STATE_LISTED => return Ok(()),
-                STATE_ATTACHED => {
-                    // Detach it from whichever slot holds it; the winner of
-                    // that CAS owns the page's next state change.
-                    let holder = (0..self.slots).find(|&s| {
-                        self.slot_cache(class, s)
-                            .compare_exchange(p + 1, 0, Ordering::AcqRel, Ordering::Relaxed)
-                            .is_ok()
-                    });
-                    if holder.is_some() {
-                        d.state.store(STATE_FLOATING, Ordering::SeqCst);
+            if !d.now().floating {
+                // Attached to a slot (or listed): detach it from whichever
+                // slot holds it; the winner of that CAS floats it.
+                let held = (0..self.slots).any(|s| {
+                    self.slot_cache(class, s)
+                        .compare_exchange(p + 1, 0, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                });
+                if !held {
+                    if d.state.load(Ordering::Relaxed) == STATE_LISTED {
+                        return Ok(()); // some list holds it: acquire finds it
                     }
+                    continue;
                 }
-                _ => {}
+                d.float();
             }
-            if d.state
-                .compare_exchange(
-                    STATE_FLOATING,
-                    STATE_LISTED,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-            {
-                self.list(class).push(p, self.next_of());
+            if d.unfloat() {
+                self.list_page(p, class, slot);
                 return Ok(());
             }
         }
@@ -391,104 +427,70 @@ impl<'a, W: Word> Heap<'a, W> {
 
     // ---- page life cycle ----------------------------------------------------
 
-    /// A page just left a slot: decide whether it is listed or retired.
-    fn float(&self, page: u32) {
+    fn list_page(&self, page: u32, class: u32, slot: u32) {
         self.descs[page as usize]
             .state
-            .store(STATE_FLOATING, Ordering::SeqCst);
-        self.settle(page);
+            .store(STATE_LISTED, Ordering::Relaxed);
+        self.list(class, slot).push(page, self.next_of());
     }
 
-    /// Lists a floating page with enough free blocks, retires an empty one.
+    /// Acts on a floating page given the `avail` one RMW returned: retires
+    /// it when empty, lists it when a quarter is free.
     #[inline(never)]
-    fn settle(&self, page: u32) {
+    fn settle(&self, page: u32, a: Avail, slot: u32) {
         let d = &self.descs[page as usize];
-        loop {
-            if d.state.load(Ordering::SeqCst) != STATE_FLOATING {
-                return;
-            }
-            let class = match d.kind() {
-                Kind::Class(c) => c,
-                _ => return,
-            };
-            let cap = blocks_per_page(class);
-            let free = d.free_now();
-            if free >= cap as i32 {
-                if d.state
-                    .compare_exchange(
-                        STATE_FLOATING,
-                        STATE_RETIRING,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    )
-                    .is_err()
-                {
-                    continue;
-                }
-                if d.try_retire(cap) {
-                    d.kind.store(KIND_FREE, Ordering::Release);
-                    d.state.store(STATE_NONE, Ordering::Release);
-                    Counters::bump(&self.counters.pages_retired, 1);
-                    PageMap::new(self.page_map).release_run(page, 1);
-                    return;
-                }
-                // A late reserver took blocks; look again.
-                d.state.store(STATE_FLOATING, Ordering::SeqCst);
-            } else if free >= list_threshold(cap) as i32 {
-                if d.state
-                    .compare_exchange(
-                        STATE_FLOATING,
-                        STATE_LISTED,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    )
-                    .is_ok()
-                {
-                    self.list(class).push(page, self.next_of());
-                    return;
-                }
-            } else {
-                return;
-            }
+        let Kind::Class(class) = d.kind() else { return };
+        let cap = blocks_per_page(class);
+        if a.free >= cap as i64 && d.try_retire(cap, true) {
+            d.kind.store(KIND_FREE, Ordering::Release);
+            d.state.store(STATE_NONE, Ordering::Release);
+            Counters::bump(&self.counters.pages_retired, 1);
+            PageMap::new(self.page_map).release_run(page, 1);
+        } else if a.free >= list_threshold(cap) as i64 && d.unfloat() {
+            self.list_page(page, class, slot);
         }
     }
 
     /// Returns `n` blocks of a class page to its `avail`, then settles it.
     #[inline(always)]
-    fn return_blocks(&self, page: u32, n: u32) {
-        let d = &self.descs[page as usize];
-        d.give_back(n);
-        if d.state.load(Ordering::SeqCst) == STATE_FLOATING {
-            self.settle(page);
+    fn return_blocks(&self, page: u32, n: u32, slot: u32) {
+        let a = self.descs[page as usize].add(n);
+        if a.floating {
+            self.settle(page, a, slot);
         }
     }
 
-    /// Retires the empty pages parked on class lists so any class or span
-    /// can use them. Returns how many it retired.
+    /// Retires the empty pages parked on lists so any class or span can use
+    /// them. Returns how many it retired.
     #[inline(never)]
     pub fn scavenge(&self) -> u32 {
         let mut retired = 0;
-        for class in 0..CLASS_COUNT as u32 {
-            let list = self.list(class);
-            let cap = blocks_per_page(class);
-            let mut kept = 0u32; // private chain through `next`, page + 1
-            while let Some(p) = list.pop(self.next_of()) {
-                let d = &self.descs[p as usize];
-                if d.try_retire(cap) {
-                    d.kind.store(KIND_FREE, Ordering::Release);
-                    d.state.store(STATE_NONE, Ordering::Release);
-                    Counters::bump(&self.counters.pages_retired, 1);
-                    PageMap::new(self.page_map).release_run(p, 1);
-                    retired += 1;
-                } else {
-                    d.next.store(kept, Ordering::Relaxed);
-                    kept = p + 1;
+        for slot in 0..self.slots {
+            for class in 0..CLASS_COUNT as u32 {
+                let list = self.list(class, slot);
+                if list.is_empty() {
+                    continue;
                 }
-            }
-            while kept != 0 {
-                let p = kept - 1;
-                kept = self.descs[p as usize].next.load(Ordering::Relaxed);
-                list.push(p, self.next_of());
+                let cap = blocks_per_page(class);
+                let mut kept = 0u32; // private chain through `next`, page + 1
+                while let Some(p) = list.pop(self.next_of()) {
+                    let d = &self.descs[p as usize];
+                    if d.try_retire(cap, false) {
+                        d.kind.store(KIND_FREE, Ordering::Release);
+                        d.state.store(STATE_NONE, Ordering::Release);
+                        Counters::bump(&self.counters.pages_retired, 1);
+                        PageMap::new(self.page_map).release_run(p, 1);
+                        retired += 1;
+                    } else {
+                        d.next.store(kept, Ordering::Relaxed);
+                        kept = p + 1;
+                    }
+                }
+                while kept != 0 {
+                    let p = kept - 1;
+                    kept = self.descs[p as usize].next.load(Ordering::Relaxed);
+                    list.push(p, self.next_of());
+                }
             }
         }
         retired
@@ -557,7 +559,7 @@ impl<'a, W: Word> Heap<'a, W> {
 
     /// Frees a block or span by address. Null is a no-op; anything that is
     /// not a live block's start is refused, counted, and changes nothing.
-    pub fn free(&self, ptr: *mut u8) -> Result<FreeOutcome, FreeError> {
+    pub fn free(&self, ptr: *mut u8, slot: u32) -> Result<FreeOutcome, FreeError> {
         if ptr.is_null() {
             return Ok(FreeOutcome {
                 freed: 0,
@@ -566,7 +568,7 @@ impl<'a, W: Word> Heap<'a, W> {
         }
         match self.locate(ptr as usize)? {
             Located::Block { page, word, mask } => {
-                let out = self.free_run(page, word, mask);
+                let out = self.free_run(page, word, mask, slot);
                 if out.already_free > 0 {
                     return Err(FreeError::NotAllocated);
                 }
@@ -610,7 +612,7 @@ impl<'a, W: Word> Heap<'a, W> {
     /// by [`Heap::locate`]): one `fetch_or`, one `fetch_add`. Blocks that
     /// were already free are counted as bad frees and left alone.
     #[inline(always)]
-    pub fn free_run(&self, page: u32, word: u32, mask: W) -> FreeOutcome {
+    pub fn free_run(&self, page: u32, word: u32, mask: W, slot: u32) -> FreeOutcome {
         let dup = self.bitmap(page).release(word, mask);
         let fresh = (mask & !dup).count_ones();
         let already_free = dup.count_ones();
@@ -618,7 +620,7 @@ impl<'a, W: Word> Heap<'a, W> {
             Counters::bump(&self.counters.bad_frees, already_free as u64);
         }
         if fresh > 0 {
-            self.return_blocks(page, fresh);
+            self.return_blocks(page, fresh, slot);
         }
         FreeOutcome {
             freed: fresh,
@@ -646,7 +648,13 @@ impl<'a, W: Word> Heap<'a, W> {
                     if map.is_set(p) {
                         return Err("free page marked used in the page map");
                     }
-                    if d.avail.load(Ordering::Relaxed) != 0 {
+                    if d.now()
+                        != (Avail {
+                            floating: false,
+                            live: false,
+                            free: 0,
+                        })
+                    {
                         return Err("free page with a live counter");
                     }
                 }
@@ -657,10 +665,14 @@ impl<'a, W: Word> Heap<'a, W> {
                     if !map.is_set(p) {
                         return Err("class page free in the page map");
                     }
+                    let a = d.now();
+                    if !a.live {
+                        return Err("class page not live");
+                    }
                     let cap = blocks_per_page(c);
                     let nwords = cap.div_ceil(W::BITS);
                     let bm = self.bitmap(p);
-                    if bm.count_free(nwords) as i32 != d.free_now() {
+                    if bm.count_free(nwords) as i64 != a.free {
                         return Err("bitmap free count differs from avail");
                     }
                     let last = bm.word(nwords - 1);
@@ -672,11 +684,17 @@ impl<'a, W: Word> Heap<'a, W> {
                         .filter(|&s| self.slot_cache(c, s).load(Ordering::Relaxed) == p + 1)
                         .count();
                     let state = d.state.load(Ordering::Relaxed);
-                    match (state, attached) {
-                        (STATE_ATTACHED, 1) | (STATE_FLOATING, 0) | (STATE_LISTED, 0) => {}
-                        _ => return Err("page state disagrees with the slot caches"),
+                    match (state, attached, a.floating) {
+                        (STATE_ATTACHED, 1, false)
+                        | (STATE_FLOATING, 0, true)
+                        | (STATE_LISTED, 0, false) => {}
+                        _ => {
+                            return Err(
+                                "page state disagrees with the slot caches or the floating flag",
+                            )
+                        }
                     }
-                    if state == STATE_FLOATING && d.free_now() >= list_threshold(cap) as i32 {
+                    if a.floating && a.free >= list_threshold(cap) as i64 {
                         return Err("floating page with free blocks is neither listed nor retired");
                     }
                 }
@@ -700,10 +718,11 @@ impl<'a, W: Word> Heap<'a, W> {
             }
             p += 1;
         }
-        // Every listed page is on its class's list exactly once.
+        // Every listed page is on one list of its class, once.
         let mut listed = 0u64;
-        for class in 0..CLASS_COUNT as u32 {
-            let mut at = (self.lists[class as usize].load(Ordering::Relaxed) & 0xFFFF_FFFF) as u32;
+        for (i, head) in self.lists.iter().enumerate() {
+            let class = (i % CLASS_COUNT) as u32;
+            let mut at = (head.load(Ordering::Relaxed) & 0xFFFF_FFFF) as u32;
             let mut steps = 0;
             while at != 0 {
                 let d = &self.descs[at as usize - 1];

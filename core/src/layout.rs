@@ -19,7 +19,7 @@ pub struct Layout {
     pub page_count: u32,
     pub slots: u32,
     pub counters: usize,
-    /// `CLASS_COUNT` list heads (`u64`).
+    /// `slots * CLASS_COUNT` list heads (`u64`): partly free pages, per slot.
     pub lists: usize,
     /// `slots * CLASS_COUNT` current pages (`u32`, page + 1).
     pub cache: usize,
@@ -38,7 +38,7 @@ impl Layout {
     pub const fn new(page_count: u32, slots: u32) -> Layout {
         let counters = 0;
         let lists = up(counters + core::mem::size_of::<Counters>());
-        let cache = up(lists + CLASS_COUNT * 8);
+        let cache = up(lists + slots as usize * CLASS_COUNT * 8);
         let descs = up(cache + slots as usize * CLASS_COUNT * 4);
         let page_map = up(descs + page_count as usize * core::mem::size_of::<PageDesc>());
         let bitmaps = up(page_map + (page_count as usize).div_ceil(32) * 4);

@@ -117,10 +117,10 @@ mod tests {
             // SAFETY: p is live with s bytes written above.
             let bytes = unsafe { core::slice::from_raw_parts(p, s as usize) };
             assert!(bytes.iter().all(|&b| b == tag));
-            heap.free(p).unwrap();
+            heap.free(p, 0).unwrap();
         }
-        heap.free(span).unwrap();
-        assert_eq!(heap.free(span), Err(FreeError::NotAllocated));
+        heap.free(span, 0).unwrap();
+        assert_eq!(heap.free(span, 0), Err(FreeError::NotAllocated));
         heap.check_invariants().unwrap();
         assert!(heap.stats().is_empty());
         assert_eq!(heap.stats().bad_frees, 1);
@@ -134,14 +134,14 @@ mod tests {
         assert_eq!(heap.alloc(usize::MAX, 0), Err(AllocError::TooLarge));
         assert_eq!(heap.alloc(5 * PAGE_SIZE, 0), Err(AllocError::TooLarge));
         let p = heap.alloc(48, 0).unwrap();
-        assert_eq!(heap.free(core::ptr::null_mut()).unwrap().freed, 0);
-        assert_eq!(heap.free(p.wrapping_add(16)), Err(FreeError::Interior));
+        assert_eq!(heap.free(core::ptr::null_mut(), 0).unwrap().freed, 0);
+        assert_eq!(heap.free(p.wrapping_add(16), 0), Err(FreeError::Interior));
         let mut x = 0u8;
-        assert_eq!(heap.free(&mut x), Err(FreeError::Foreign));
+        assert_eq!(heap.free(&mut x, 0), Err(FreeError::Foreign));
         let unused = (h.handle().data as usize + 3 * PAGE_SIZE) as *mut u8;
-        assert_eq!(heap.free(unused), Err(FreeError::NotAllocated));
-        heap.free(p).unwrap();
-        assert_eq!(heap.free(p), Err(FreeError::NotAllocated));
+        assert_eq!(heap.free(unused, 0), Err(FreeError::NotAllocated));
+        heap.free(p, 0).unwrap();
+        assert_eq!(heap.free(p, 0), Err(FreeError::NotAllocated));
         let s = heap.stats();
         assert_eq!((s.failed_allocs, s.bad_frees), (3, 4));
         heap.check_invariants().unwrap();
@@ -159,11 +159,11 @@ mod tests {
         assert_eq!(heap.alloc(16, 0), Err(AllocError::OutOfMemory));
         assert_eq!(heap.alloc(PAGE_SIZE + 1, 0), Err(AllocError::OutOfMemory));
         for p in live.drain(..) {
-            heap.free(p).unwrap();
+            heap.free(p, 0).unwrap();
         }
         // Empty pages return to the page map: a two-page span fits again.
         let s = heap.alloc(PAGE_SIZE + 1, 0).unwrap();
-        heap.free(s).unwrap();
+        heap.free(s, 0).unwrap();
         heap.check_invariants().unwrap();
         assert!(heap.stats().is_empty());
     }

@@ -1,30 +1,53 @@
 //! One page's descriptor and the counter protocol that lets a whole warp
 //! reserve blocks with a single `fetch_sub`.
 //!
-//! `avail` holds `LIVE + f` while the page serves a class, where `f` is the
-//! number of free blocks nobody has reserved, and `0` while the page is
-//! retired (so zeroed memory describes retired pages). Every change is a
-//! `fetch_add`/`fetch_sub`, never a store, which makes transient
-//! over-subtraction harmless: a reserver that finds `f <= 0` (or a retired
-//! page) adds back exactly what it took, whatever happened in between.
-//! Invariant: `f + (blocks reserved but not yet claimed) <= set bits in the
-//! bitmap`, so a reservation can always be claimed.
+//! `avail` (64-bit) packs three things, all changed only by atomic
+//! read-modify-writes, so every decision is made on the value one RMW
+//! returned and no fences are needed:
 //!
-//! `state` says who may act on a live page:
-//! - `ATTACHED`: it is some slot's current page; only that slot detaches it.
-//! - `FLOATING`: detached (it filled up); the thread that frees blocks into
-//!   it, or the one that detached it, lists or retires it.
-//! - `LISTED`: on its class's list of pages with free blocks.
-//! - `RETIRING`: one thread is retiring it.
+//! `avail = FLOAT * floating + LIVE * live + f`
 //!
-//! A freer does `avail.fetch_add` then reads `state`; a detacher writes
-//! `state = FLOATING` then reads `avail`. Both with `SeqCst`, so at least
-//! one of them sees the other and an empty page is never stranded.
+//! - `f`: free blocks nobody has reserved. It may dip below zero while
+//!   reservers that asked for too much add the excess back.
+//! - `live`: the page serves a class (0 = retired, so zeroed memory holds
+//!   retired pages).
+//! - `floating`: no slot and no list holds the page; whoever next sees it
+//!   floating with at least a quarter free lists it (`fetch_and` clears the
+//!   flag: one winner), and with everything free retires it (CAS to 0).
+//!
+//! Invariant: `f + (blocks reserved, not yet claimed) <= set bits in the
+//! bitmap`, so a reservation can always be claimed. The `state` field only
+//! records where the page is for checks and statistics; it synchronises
+//! nothing.
 
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
-/// Bias of a live page's `avail`.
-pub const LIVE: u32 = 1 << 30;
+/// Live bias of `avail`.
+pub const LIVE: u64 = 1 << 24;
+/// Floating flag of `avail`.
+pub const FLOAT: u64 = 1 << 40;
+
+/// A decoded `avail` value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Avail {
+    pub floating: bool,
+    pub live: bool,
+    pub free: i64,
+}
+
+/// Decodes `avail`; transients stay far inside each field's range.
+#[inline(always)]
+pub const fn decode(v: u64) -> Avail {
+    let v = v as i64;
+    let floating = v >= (FLOAT / 2) as i64;
+    let r = if floating { v - FLOAT as i64 } else { v };
+    let live = r >= (LIVE / 2) as i64;
+    Avail {
+        floating,
+        live,
+        free: if live { r - LIVE as i64 } else { r },
+    }
+}
 
 pub const KIND_FREE: u32 = 0;
 pub const KIND_SPAN_HEAD: u32 = 0xFFFF_0001;
@@ -34,7 +57,6 @@ pub const STATE_NONE: u32 = 0;
 pub const STATE_ATTACHED: u32 = 1;
 pub const STATE_FLOATING: u32 = 2;
 pub const STATE_LISTED: u32 = 3;
-pub const STATE_RETIRING: u32 = 4;
 
 /// What a page is used for, decoded from `kind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,29 +70,29 @@ pub enum Kind {
 /// Per-page metadata, 32 bytes, `#[repr(C)]` so host and device agree.
 #[repr(C)]
 pub struct PageDesc {
-    /// `LIVE + unreserved free blocks` while live, 0 while retired.
-    pub avail: AtomicU32,
+    /// See the module documentation.
+    pub avail: AtomicU64,
     /// `KIND_FREE`, `class + 1`, `KIND_SPAN_HEAD` or `KIND_SPAN_TAIL`.
     pub kind: AtomicU32,
-    /// One of the `STATE_*` values (class pages only).
+    /// One of the `STATE_*` values (class pages only; informational).
     pub state: AtomicU32,
     /// Link in a [`PageList`](crate::page_list::PageList), `index + 1`.
     pub next: AtomicU32,
     /// Pages in the span (span heads only).
     pub span: AtomicU32,
-    pad: [u32; 3],
+    pad: [u32; 2],
 }
 
 impl PageDesc {
     /// A retired, free page (what zeroed memory holds).
     pub fn new() -> Self {
         Self {
-            avail: AtomicU32::new(0),
+            avail: AtomicU64::new(0),
             kind: AtomicU32::new(KIND_FREE),
             state: AtomicU32::new(STATE_NONE),
             next: AtomicU32::new(0),
             span: AtomicU32::new(0),
-            pad: [0; 3],
+            pad: [0; 2],
         }
     }
 
@@ -79,29 +101,33 @@ impl PageDesc {
         decode_kind(self.kind.load(Ordering::Acquire))
     }
 
-    /// Reserves up to `want` blocks. Returns `(granted, free_before)`;
-    /// `granted == 0` means the page is full or retired.
+    /// Takes `want` from the free count; returns the value before. The
+    /// caller keeps `min(want, free)` if the page was live with `free > 0`
+    /// and must give the rest back (through the heap, which settles it).
     #[inline(always)]
-    pub fn reserve(&self, want: u32) -> (u32, u32) {
-        let old = self.avail.fetch_sub(want, Ordering::AcqRel);
-        let free = old.wrapping_sub(LIVE) as i32;
-        if free <= 0 {
-            self.avail.fetch_add(want, Ordering::AcqRel);
-            (0, 0)
-        } else if (free as u32) < want {
-            self.avail.fetch_add(want - free as u32, Ordering::AcqRel);
-            (free as u32, free as u32)
-        } else {
-            (want, free as u32)
-        }
+    pub fn take(&self, want: u32) -> Avail {
+        decode(self.avail.fetch_sub(want as u64, Ordering::AcqRel))
     }
 
-    /// Returns `n` free blocks (freed or reserved and not claimed); the
-    /// result is the page's unreserved free count afterwards.
+    /// Adds `n` free blocks; returns the value after.
     #[inline(always)]
-    pub fn give_back(&self, n: u32) -> i32 {
-        let old = self.avail.fetch_add(n, Ordering::SeqCst);
-        old.wrapping_add(n).wrapping_sub(LIVE) as i32
+    pub fn add(&self, n: u32) -> Avail {
+        decode(
+            self.avail
+                .fetch_add(n as u64, Ordering::AcqRel)
+                .wrapping_add(n as u64),
+        )
+    }
+
+    /// Marks the page floating; returns the value at that moment.
+    pub fn float(&self) -> Avail {
+        self.state.store(STATE_FLOATING, Ordering::Relaxed);
+        decode(self.avail.fetch_or(FLOAT, Ordering::AcqRel) | FLOAT)
+    }
+
+    /// Clears the floating flag; true for the one caller that cleared it.
+    pub fn unfloat(&self) -> bool {
+        self.avail.fetch_and(!FLOAT, Ordering::AcqRel) & FLOAT != 0
     }
 
     /// Makes a retired page live with `cap` free blocks of `class`. The
@@ -110,20 +136,21 @@ impl PageDesc {
     pub fn activate(&self, class: u32, cap: u32) {
         self.kind.store(class + 1, Ordering::Relaxed);
         self.state.store(STATE_ATTACHED, Ordering::Relaxed);
-        self.avail.fetch_add(LIVE + cap, Ordering::Release);
+        self.avail.fetch_add(LIVE + cap as u64, Ordering::Release);
     }
 
-    /// Retires a page whose `cap` blocks are all free and unreserved; fails
-    /// if anyone holds a reservation or block.
-    pub fn try_retire(&self, cap: u32) -> bool {
+    /// Retires a page whose `cap` blocks are all free and unreserved, and
+    /// whose floating flag is `floating`; fails if anything differs.
+    pub fn try_retire(&self, cap: u32, floating: bool) -> bool {
+        let full = LIVE + cap as u64 + if floating { FLOAT } else { 0 };
         self.avail
-            .compare_exchange(LIVE + cap, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(full, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }
 
-    /// Unreserved free blocks now (negative while reservers back off).
-    pub fn free_now(&self) -> i32 {
-        self.avail.load(Ordering::SeqCst).wrapping_sub(LIVE) as i32
+    /// The current value (checks and statistics).
+    pub fn now(&self) -> Avail {
+        decode(self.avail.load(Ordering::Acquire))
     }
 }
 
@@ -148,18 +175,54 @@ mod tests {
     use super::*;
 
     #[test]
+    fn decode_ranges_are_disjoint() {
+        for floating in [false, true] {
+            for live in [false, true] {
+                for free in [-(1i64 << 22), -33, 0, 1, 4096] {
+                    let v =
+                        (floating as i64 * FLOAT as i64 + live as i64 * LIVE as i64 + free) as u64;
+                    assert_eq!(
+                        decode(v),
+                        Avail {
+                            floating,
+                            live,
+                            free
+                        }
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn reservation_protocol() {
         let d = PageDesc::new();
-        assert_eq!(d.reserve(3), (0, 0), "retired pages grant nothing");
-        assert_eq!(d.avail.load(Ordering::Relaxed), 0);
+        let a = d.take(3);
+        assert!(!a.live, "retired pages grant nothing");
+        d.add(3);
         d.activate(2, 10);
         assert_eq!(d.kind(), Kind::Class(2));
-        assert_eq!(d.reserve(4), (4, 10));
-        assert_eq!(d.reserve(8), (6, 6));
-        assert_eq!(d.reserve(1), (0, 0));
-        assert!(!d.try_retire(10));
-        assert_eq!(d.give_back(10), 10);
-        assert!(d.try_retire(10));
-        assert_eq!(d.free_now(), -(LIVE as i32));
+        assert_eq!(d.take(4).free, 10);
+        assert_eq!(d.take(8).free, 6);
+        assert_eq!(d.add(2).free, 0);
+        assert!(d.float().floating);
+        assert!(!d.try_retire(10, true));
+        assert_eq!(
+            d.add(10),
+            Avail {
+                floating: true,
+                live: true,
+                free: 10
+            }
+        );
+        assert!(d.try_retire(10, true));
+        assert_eq!(
+            d.now(),
+            Avail {
+                floating: false,
+                live: false,
+                free: 0
+            }
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! read off the page descriptors (a scan), and only rare events (failures,
 //! bad frees, page turnover) are counted in [`Counters`].
 
-use crate::page::{decode_kind, Kind, PageDesc, LIVE};
+use crate::page::{decode, decode_kind, Kind, PageDesc};
 use crate::size_class::{blocks_per_page, class_size, CLASS_COUNT, PAGE_SIZE};
 use crate::sync::{AtomicU64, Ordering};
 
@@ -89,8 +89,8 @@ impl Stats {
             match decode_kind(d.kind.load(Ordering::Relaxed)) {
                 Kind::Free => s.free_pages += 1,
                 Kind::Class(c) if (c as usize) < CLASS_COUNT => {
-                    let free = d.avail.load(Ordering::Relaxed).wrapping_sub(LIVE) as i32;
-                    let used = (blocks_per_page(c) as i64 - free.max(0) as i64).max(0) as u64;
+                    let free = decode(d.avail.load(Ordering::Relaxed)).free;
+                    let used = (blocks_per_page(c) as i64 - free.max(0)).max(0) as u64;
                     s.blocks_in_use[c as usize] += used;
                     s.class_pages[c as usize] += 1;
                     s.bytes_in_use += used * class_size(c) as u64;

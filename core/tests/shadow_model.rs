@@ -89,7 +89,7 @@ fn run<W: Word>(pages: u32, actions: Vec<Action>) {
                 // SAFETY: live block of `len` bytes filled with `tag`.
                 let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
                 assert!(bytes.iter().all(|&b| b == tag), "block contents changed");
-                heap.free(at as *mut u8).unwrap();
+                heap.free(at as *mut u8, 0).unwrap();
                 freed_once = Some(at);
             }
             Action::FreeInterior { pick } => {
@@ -97,13 +97,13 @@ fn run<W: Word>(pages: u32, actions: Vec<Action>) {
                     continue;
                 }
                 let at = *live.keys().nth(pick % live.len()).unwrap();
-                assert_eq!(heap.free((at + 8) as *mut u8), Err(FreeError::Interior));
+                assert_eq!(heap.free((at + 8) as *mut u8, 1), Err(FreeError::Interior));
                 bad += 1;
             }
             Action::DoubleFree => {
                 if let Some(at) = freed_once.take() {
                     if !live.contains_key(&at) {
-                        assert_eq!(heap.free(at as *mut u8), Err(FreeError::NotAllocated));
+                        assert_eq!(heap.free(at as *mut u8, 2), Err(FreeError::NotAllocated));
                         bad += 1;
                     }
                 }
@@ -111,7 +111,7 @@ fn run<W: Word>(pages: u32, actions: Vec<Action>) {
             Action::FreeForeign => {
                 let mut x = 0u64;
                 assert_eq!(
-                    heap.free(&mut x as *mut u64 as *mut u8),
+                    heap.free(&mut x as *mut u64 as *mut u8, 0),
                     Err(FreeError::Foreign)
                 );
                 bad += 1;
@@ -128,7 +128,7 @@ fn run<W: Word>(pages: u32, actions: Vec<Action>) {
         );
     }
     for (&at, _) in live.iter() {
-        heap.free(at as *mut u8).unwrap();
+        heap.free(at as *mut u8, 0).unwrap();
     }
     heap.check_invariants().unwrap();
     let s = heap.stats();

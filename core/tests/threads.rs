@@ -46,11 +46,11 @@ fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
                             bytes.iter().all(|&b| b == id),
                             "block overwritten by another thread"
                         );
-                        heap.free(p).unwrap();
+                        heap.free(p, t as u32).unwrap();
                     }
                 }
                 for (p, _) in live {
-                    heap.free(p).unwrap();
+                    heap.free(p, t as u32).unwrap();
                 }
             });
         }

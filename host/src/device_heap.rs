@@ -30,8 +30,18 @@ impl DeviceHeap {
         let meta = gpu.alloc_zeroed(layout.meta_bytes)?;
         let data = gpu.alloc_zeroed(layout.data_bytes() + PAGE_SIZE)?;
         let base = data.ptr().div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
-        let handle = HeapHandle { meta: meta.ptr(), data: base, page_count: pages as u32, slots };
-        Ok(DeviceHeap { meta, _data: data, handle, layout })
+        let handle = HeapHandle {
+            meta: meta.ptr(),
+            data: base,
+            page_count: pages as u32,
+            slots,
+        };
+        Ok(DeviceHeap {
+            meta,
+            _data: data,
+            handle,
+            layout,
+        })
     }
 
     pub fn handle(&self) -> HeapHandle {
@@ -60,8 +70,10 @@ impl DeviceHeap {
         let mut counters = [Counters::new()];
         // PageDesc and Counters are #[repr(C)] atomics: the device's bytes
         // are valid values of them.
-        self.meta.read(self.layout.descs, as_bytes_mut(&mut descs))?;
-        self.meta.read(self.layout.counters, as_bytes_mut(&mut counters))?;
+        self.meta
+            .read(self.layout.descs, as_bytes_mut(&mut descs))?;
+        self.meta
+            .read(self.layout.counters, as_bytes_mut(&mut counters))?;
         Ok(Stats::collect(&descs, &counters[0]))
     }
 }

@@ -76,7 +76,13 @@ impl Gpu {
             memory_bytes: ctx.total_mem().during("cuDeviceTotalMem")?,
             driver_cuda_version: version,
         };
-        Ok(Gpu { ctx, stream, module, functions: Mutex::new(HashMap::new()), info })
+        Ok(Gpu {
+            ctx,
+            stream,
+            module,
+            functions: Mutex::new(HashMap::new()),
+            info,
+        })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -107,7 +113,12 @@ impl Gpu {
 
     /// Starts a launch of `kernel` over `threads` threads (256 per block).
     pub fn launch(&self, kernel: &str, threads: u32) -> Result<Launch<'_>> {
-        Ok(Launch { gpu: self, func: self.function(kernel)?, threads, args: Vec::new() })
+        Ok(Launch {
+            gpu: self,
+            func: self.function(kernel)?,
+            threads,
+            args: Vec::new(),
+        })
     }
 
     /// Waits for all work on the stream and reports any kernel fault.
@@ -128,12 +139,23 @@ impl Gpu {
         let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| {
             if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                 let (free, total) = result::mem_get_info().unwrap_or((0, 0));
-                Error::OutOfMemory { requested: bytes, reserved: total - free, free }
+                Error::OutOfMemory {
+                    requested: bytes,
+                    reserved: total - free,
+                    free,
+                }
             } else {
-                Error::Driver { what: "cuMemAlloc", source: e }
+                Error::Driver {
+                    what: "cuMemAlloc",
+                    source: e,
+                }
             }
         })?;
-        let mem = DeviceMemory { ptr, bytes, ctx: self.ctx.clone() };
+        let mem = DeviceMemory {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        };
         mem.zero()?;
         Ok(mem)
     }
@@ -142,7 +164,8 @@ impl Gpu {
     /// before the first kernel that calls `malloc`.
     pub fn set_malloc_heap_size(&self, bytes: usize) -> Result<()> {
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-        result::ctx::set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes).during("cuCtxSetLimit")
+        result::ctx::set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes)
+            .during("cuCtxSetLimit")
     }
 
     /// Writes `value` into the module global `name` (e.g. `cuheap_heap`).
@@ -153,12 +176,17 @@ impl Gpu {
             .map_err(|_| Error::MissingKernel(name.into()))?;
         let size = std::mem::size_of::<T>();
         if view.len() != size {
-            return Err(Error::InvalidArgument(format!("global `{name}` is {} bytes", view.len())));
+            return Err(Error::InvalidArgument(format!(
+                "global `{name}` is {} bytes",
+                view.len()
+            )));
         }
         // SAFETY: T is plain data (`Copy`, `#[repr(C)]` at the call sites);
         // its bytes are read, never interpreted.
         let bytes = unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size) };
-        self.stream.memcpy_htod(bytes, &mut view).during("cuMemcpyHtoD")?;
+        self.stream
+            .memcpy_htod(bytes, &mut view)
+            .during("cuMemcpyHtoD")?;
         self.sync()
     }
 
@@ -183,7 +211,8 @@ fn link(sources: &[&str]) -> Result<Vec<u8>> {
         .during("cuLinkCreate")?;
     let out = (|| {
         for (i, src) in sources.iter().enumerate() {
-            let text = std::ffi::CString::new(*src).map_err(|_| Error::InvalidArgument("PTX with a NUL byte".into()))?;
+            let text = std::ffi::CString::new(*src)
+                .map_err(|_| Error::InvalidArgument("PTX with a NUL byte".into()))?;
             let name = std::ffi::CString::new(format!("input{i}.ptx")).unwrap_or_default();
             // SAFETY: `text` is NUL-terminated PTX of the given size, alive for the call.
             unsafe {
@@ -306,7 +335,9 @@ impl DeviceMemory {
     /// Copies `out.len()` values from `self` at byte `offset` to the host.
     pub fn read<T: Copy>(&self, offset: usize, out: &mut [T]) -> Result<()> {
         if offset + std::mem::size_of_val(out) > self.bytes {
-            return Err(Error::InvalidArgument("read past the end of device memory".into()));
+            return Err(Error::InvalidArgument(
+                "read past the end of device memory".into(),
+            ));
         }
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         // SAFETY: the range is inside this allocation; T is plain data.
@@ -316,7 +347,9 @@ impl DeviceMemory {
     /// Copies `data` to `self` at byte `offset`.
     pub fn write<T: Copy>(&self, offset: usize, data: &[T]) -> Result<()> {
         if offset + std::mem::size_of_val(data) > self.bytes {
-            return Err(Error::InvalidArgument("write past the end of device memory".into()));
+            return Err(Error::InvalidArgument(
+                "write past the end of device memory".into(),
+            ));
         }
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         // SAFETY: the range is inside this allocation.

@@ -20,7 +20,11 @@ pub enum Error {
         "out of GPU memory: asked for {requested} bytes with {reserved} reserved and {free} free on the device; \
          free buffers or make the heap smaller"
     )]
-    OutOfMemory { requested: usize, reserved: usize, free: usize },
+    OutOfMemory {
+        requested: usize,
+        reserved: usize,
+        free: usize,
+    },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("kernel `{0}` is not in the loaded PTX")]

@@ -122,13 +122,15 @@ pub unsafe extern "ptx-kernel" fn fill_blocks(ptrs: *const *mut u8, n: u32, sz: 
 
 /// Checks each block still holds only its thread id (another thread's id
 /// means two live blocks overlapped) and is aligned: 16 bytes, and its own
-/// size for power-of-two sizes up to 64 KiB. `errors[1]` counts failures.
+/// size for power-of-two sizes up to 64 KiB when `natural != 0` (cuheap's
+/// promise; CUDA's malloc and the bump pointer promise 16 bytes).
+/// `errors[1]` counts failures.
 ///
 /// # Safety
 ///
 /// As for [`fill_blocks`]; `errors` points to two `u32`s.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn check_blocks(ptrs: *const *mut u8, n: u32, sz: u32, errors: *mut u32) {
+pub unsafe extern "ptx-kernel" fn check_blocks(ptrs: *const *mut u8, n: u32, sz: u32, natural: u32, errors: *mut u32) {
     let tid = global_thread();
     if tid >= n {
         return;
@@ -139,7 +141,7 @@ pub unsafe extern "ptx-kernel" fn check_blocks(ptrs: *const *mut u8, n: u32, sz:
         return;
     }
     let size = thread_size(tid, sz);
-    let align = if size.is_power_of_two() { size.clamp(16, 65536) } else { 16 };
+    let align = if natural != 0 && size.is_power_of_two() { size.clamp(16, 65536) } else { 16 };
     let mut bad = p as usize % align != 0;
     for k in 0..size / 4 {
         // SAFETY: k < size / 4 words of the block.

@@ -68,7 +68,11 @@ pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
         }
         let mask = shfl(peers, mask, leader);
         if mask == 0 {
-            // Out of memory: the lanes not yet served get null.
+            // Out of memory: the lanes not yet served get null, each counted
+            // (the failed reserve counted one).
+            if lane == leader && remaining > 1 {
+                cuheap_core::Counters::bump(&heap.counters().failed_allocs, remaining as u64 - 1);
+            }
             break;
         }
         let page = shfl(peers, page, leader);
@@ -105,7 +109,7 @@ pub unsafe fn dev_free(h: &HeapHandle, ptr: *mut u8) {
             let peers = match_any(activemask(), page * words + word);
             let bits = reduce_or(peers, mask);
             if laneid() == peers.trailing_zeros() {
-                heap.free_run(page, word, bits);
+                heap.free_run(page, word, bits, smid());
                 // Lanes of one warp freeing the same block: all but one are
                 // double frees that the OR folded together.
                 let dup = peers.count_ones() - bits.count_ones();
@@ -115,7 +119,7 @@ pub unsafe fn dev_free(h: &HeapHandle, ptr: *mut u8) {
             }
         }
         Ok(Located::Span { .. }) => {
-            let _ = heap.free(ptr);
+            let _ = heap.free(ptr, smid());
         }
         Err(_) => {} // counted by `locate`
     }

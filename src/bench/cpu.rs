@@ -27,15 +27,17 @@ trait Target: Sync {
     fn alloc(&self, size: usize, thread: u32) -> *mut u8;
     /// # Safety
     /// `p` came from `alloc` with `size` and is freed once.
-    unsafe fn free(&self, p: *mut u8, size: usize);
+    unsafe fn free(&self, p: *mut u8, size: usize, thread: u32);
 }
 
 impl Target for OwnedHeap<u64> {
     fn alloc(&self, size: usize, thread: u32) -> *mut u8 {
-        self.heap().alloc(size, thread).unwrap_or(std::ptr::null_mut())
+        self.heap()
+            .alloc(size, thread)
+            .unwrap_or(std::ptr::null_mut())
     }
-    unsafe fn free(&self, p: *mut u8, _size: usize) {
-        let _ = self.heap().free(p);
+    unsafe fn free(&self, p: *mut u8, _size: usize, thread: u32) {
+        let _ = self.heap().free(p, thread);
     }
 }
 
@@ -46,7 +48,7 @@ impl Target for System {
         // SAFETY: size >= 16, align 16.
         unsafe { alloc(Layout::from_size_align(size, 16).expect("valid layout")) }
     }
-    unsafe fn free(&self, p: *mut u8, size: usize) {
+    unsafe fn free(&self, p: *mut u8, size: usize, _thread: u32) {
         // SAFETY: forwarded from the caller.
         unsafe { dealloc(p, Layout::from_size_align(size, 16).expect("valid layout")) }
     }
@@ -75,7 +77,7 @@ fn measure(target: &dyn Target, threads: usize, size: u32, pairs_per_thread: usi
                     for &(p, n) in ptrs.iter() {
                         if !p.is_null() {
                             // SAFETY: allocated above with n, freed once.
-                            unsafe { target.free(p, n) };
+                            unsafe { target.free(p, n, t as u32) };
                         }
                     }
                 }
@@ -97,8 +99,18 @@ pub fn run(pairs_per_thread: usize) -> Vec<CpuRow> {
     let mut rows = Vec::new();
     for &size in &[16u32, 256, 0] {
         for &t in &counts {
-            rows.push(CpuRow { allocator: "cuheap-core", threads: t, size, pairs_per_s: measure(&heap, t, size, pairs_per_thread) });
-            rows.push(CpuRow { allocator: "system malloc", threads: t, size, pairs_per_s: measure(&System, t, size, pairs_per_thread) });
+            rows.push(CpuRow {
+                allocator: "cuheap-core",
+                threads: t,
+                size,
+                pairs_per_s: measure(&heap, t, size, pairs_per_thread),
+            });
+            rows.push(CpuRow {
+                allocator: "system malloc",
+                threads: t,
+                size,
+                pairs_per_s: measure(&System, t, size, pairs_per_thread),
+            });
         }
     }
     rows

@@ -7,8 +7,8 @@
 
 use super::median;
 use crate::{DeviceHeap, Gpu, Result};
-use cuheap_host::DeviceMemory;
 use cuheap_core::workload::thread_size;
+use cuheap_host::DeviceMemory;
 use serde::Serialize;
 
 /// One measured row.
@@ -98,7 +98,13 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     // CUDA's heap limit must be set before the first kernel using malloc.
     gpu.set_malloc_heap_size(cfg.cuda_heap_bytes)?;
     let heap = DeviceHeap::new(gpu, cfg.heap_bytes)?;
-    let max_threads = cfg.threads.iter().copied().max().unwrap_or(1).max(cfg.large.0);
+    let max_threads = cfg
+        .threads
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(cfg.large.0);
     let bufs = Buffers {
         ptrs: gpu.alloc_zeroed(max_threads as usize * 8)?,
         errors: gpu.alloc_zeroed(8)?,
@@ -107,7 +113,13 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     let bump = gpu.alloc_zeroed(cfg.heap_bytes)?;
     let info = gpu.info();
     let mut report = Report {
-        device: format!("{} ({} SMs, CUDA {}.{})", info.name, info.sms, info.driver_cuda_version / 1000, info.driver_cuda_version % 1000 / 10),
+        device: format!(
+            "{} ({} SMs, CUDA {}.{})",
+            info.name,
+            info.sms,
+            info.driver_cuda_version / 1000,
+            info.driver_cuda_version % 1000 / 10
+        ),
         heap_bytes: heap.capacity(),
         ..Report::default()
     };
@@ -120,7 +132,12 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     cases.push(cfg.large);
     for &(t, s) in &cases {
         if expected_bytes(t, s) as f64 * 1.3 > heap.capacity() as f64 {
-            report.skipped.push(Skip { allocator: "all", threads: t, size: s, reason: "does not fit the heap".into() });
+            report.skipped.push(Skip {
+                allocator: "all",
+                threads: t,
+                size: s,
+                reason: "does not fit the heap".into(),
+            });
             continue;
         }
         progress(&format!("cuheap {t} x {}", size_name(s)));
@@ -133,12 +150,27 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     for &(t, s) in &cases {
         progress(&format!("CUDA malloc {t} x {}", size_name(s)));
         if expected_bytes(t, s) as f64 * 1.1 > cfg.cuda_heap_bytes as f64 {
-            report.skipped.push(Skip { allocator: "CUDA malloc", threads: t, size: s, reason: format!("needs more than its {} GiB heap", cfg.cuda_heap_bytes >> 30) });
+            report.skipped.push(Skip {
+                allocator: "CUDA malloc",
+                threads: t,
+                size: s,
+                reason: format!("needs more than its {} GiB heap", cfg.cuda_heap_bytes >> 30),
+            });
             continue;
         }
-        let blown = report.skipped.iter().any(|k| k.allocator == "CUDA malloc" && k.reason.starts_with("over budget") && k.threads <= t && (k.size <= s || s == 0));
+        let blown = report.skipped.iter().any(|k| {
+            k.allocator == "CUDA malloc"
+                && k.reason.starts_with("over budget")
+                && k.threads <= t
+                && (k.size <= s || s == 0)
+        });
         if blown {
-            report.skipped.push(Skip { allocator: "CUDA malloc", threads: t, size: s, reason: "over budget (a smaller case already was)".into() });
+            report.skipped.push(Skip {
+                allocator: "CUDA malloc",
+                threads: t,
+                size: s,
+                reason: "over budget (a smaller case already was)".into(),
+            });
             continue;
         }
         cuda_case(gpu, &bufs, cfg, t, s, &mut report)?;
@@ -155,17 +187,50 @@ pub fn size_name(s: u32) -> String {
     }
 }
 
-fn row(allocator: &'static str, shape: &'static str, t: u32, s: u32, mut ms: Vec<f64>, errs: [u32; 2]) -> Row {
+fn row(
+    allocator: &'static str,
+    shape: &'static str,
+    t: u32,
+    s: u32,
+    mut ms: Vec<f64>,
+    errs: [u32; 2],
+) -> Row {
     let runs = ms.len();
     let m = median(&mut ms);
-    Row { allocator, shape, threads: t, size: s, median_ms: m, runs, allocs_per_s: t as f64 / (m / 1e3), nulls: errs[0], errors: errs[1], memory_ratio: None }
+    Row {
+        allocator,
+        shape,
+        threads: t,
+        size: s,
+        median_ms: m,
+        runs,
+        allocs_per_s: t as f64 / (m / 1e3),
+        nulls: errs[0],
+        errors: errs[1],
+        memory_ratio: None,
+    }
 }
 
-fn cuheap_case(gpu: &Gpu, heap: &DeviceHeap, b: &Buffers, cfg: &Config, t: u32, s: u32, report: &mut Report) -> Result<()> {
+fn cuheap_case(
+    gpu: &Gpu,
+    heap: &DeviceHeap,
+    b: &Buffers,
+    cfg: &Config,
+    t: u32,
+    s: u32,
+    report: &mut Report,
+) -> Result<()> {
     let h = heap.handle();
     let pair = || -> Result<()> {
         // SAFETY: matches pair_cuheap(meta, data, pages, slots, n, sz, errors).
-        unsafe { gpu.launch("pair_cuheap", t)?.heap(&h).u32(t).u32(s).u64(b.errors.ptr()).run() }
+        unsafe {
+            gpu.launch("pair_cuheap", t)?
+                .heap(&h)
+                .u32(t)
+                .u32(s)
+                .u64(b.errors.ptr())
+                .run()
+        }
     };
     pair()?;
     gpu.sync()?;
@@ -186,21 +251,45 @@ fn cuheap_case(gpu: &Gpu, heap: &DeviceHeap, b: &Buffers, cfg: &Config, t: u32, 
     for rep in 0..=cfg.reps {
         let alloc = || -> Result<()> {
             // SAFETY: matches alloc_cuheap(meta, data, pages, slots, n, sz, ptrs, errors).
-            unsafe { gpu.launch("alloc_cuheap", t)?.heap(&h).u32(t).u32(s).u64(b.ptrs.ptr()).u64(b.errors.ptr()).run() }
+            unsafe {
+                gpu.launch("alloc_cuheap", t)?
+                    .heap(&h)
+                    .u32(t)
+                    .u32(s)
+                    .u64(b.ptrs.ptr())
+                    .u64(b.errors.ptr())
+                    .run()
+            }
         };
         let ms_a = gpu.time(alloc)? as f64;
         if rep == 1 {
             let st = heap.stats()?;
             ratio = st.bytes_reserved as f64 / expected_bytes(t, s) as f64;
         }
-        // SAFETY: fill_blocks(ptrs, n, sz) and check_blocks(ptrs, n, sz, errors).
+        // SAFETY: fill_blocks(ptrs, n, sz) and check_blocks(ptrs, n, sz, natural, errors).
         unsafe {
-            gpu.launch("fill_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).run()?;
-            gpu.launch("check_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).u64(b.errors.ptr()).run()?;
+            gpu.launch("fill_blocks", t)?
+                .u64(b.ptrs.ptr())
+                .u32(t)
+                .u32(s)
+                .run()?;
+            gpu.launch("check_blocks", t)?
+                .u64(b.ptrs.ptr())
+                .u32(t)
+                .u32(s)
+                .u32(1)
+                .u64(b.errors.ptr())
+                .run()?;
         }
         let free = || -> Result<()> {
             // SAFETY: matches free_cuheap(meta, data, pages, slots, n, ptrs).
-            unsafe { gpu.launch("free_cuheap", t)?.heap(&h).u32(t).u64(b.ptrs.ptr()).run() }
+            unsafe {
+                gpu.launch("free_cuheap", t)?
+                    .heap(&h)
+                    .u32(t)
+                    .u64(b.ptrs.ptr())
+                    .run()
+            }
         };
         let ms_f = gpu.time(free)? as f64;
         let e = b.errors()?;
@@ -217,17 +306,37 @@ fn cuheap_case(gpu: &Gpu, heap: &DeviceHeap, b: &Buffers, cfg: &Config, t: u32, 
     let mut a = row("cuheap", "alloc", t, s, ta, check_errs);
     a.memory_ratio = Some(ratio);
     report.rows.push(a);
-    report.rows.push(row("cuheap", "free", t, s, tf, check_errs));
+    report
+        .rows
+        .push(row("cuheap", "free", t, s, tf, check_errs));
     Ok(())
 }
 
-fn bump_case(gpu: &Gpu, bump: &DeviceMemory, b: &Buffers, cfg: &Config, t: u32, s: u32, report: &mut Report) -> Result<()> {
+fn bump_case(
+    gpu: &Gpu,
+    bump: &DeviceMemory,
+    b: &Buffers,
+    cfg: &Config,
+    t: u32,
+    s: u32,
+    report: &mut Report,
+) -> Result<()> {
     let mut times = Vec::new();
     for rep in 0..=cfg.reps {
         b.cursor.zero()?;
         let alloc = || -> Result<()> {
             // SAFETY: matches alloc_bump(base, cap, cursor, n, sz, ptrs, errors).
-            unsafe { gpu.launch("alloc_bump", t)?.u64(bump.ptr()).u64(bump.bytes() as u64).u64(b.cursor.ptr()).u32(t).u32(s).u64(b.ptrs.ptr()).u64(b.errors.ptr()).run() }
+            unsafe {
+                gpu.launch("alloc_bump", t)?
+                    .u64(bump.ptr())
+                    .u64(bump.bytes() as u64)
+                    .u64(b.cursor.ptr())
+                    .u32(t)
+                    .u32(s)
+                    .u64(b.ptrs.ptr())
+                    .u64(b.errors.ptr())
+                    .run()
+            }
         };
         let ms = gpu.time(alloc)? as f64;
         if rep > 0 {
@@ -236,41 +345,90 @@ fn bump_case(gpu: &Gpu, bump: &DeviceMemory, b: &Buffers, cfg: &Config, t: u32, 
     }
     // SAFETY: as in cuheap_case.
     unsafe {
-        gpu.launch("fill_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).run()?;
-        gpu.launch("check_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).u64(b.errors.ptr()).run()?;
+        gpu.launch("fill_blocks", t)?
+            .u64(b.ptrs.ptr())
+            .u32(t)
+            .u32(s)
+            .run()?;
+        gpu.launch("check_blocks", t)?
+            .u64(b.ptrs.ptr())
+            .u32(t)
+            .u32(s)
+            .u32(0)
+            .u64(b.errors.ptr())
+            .run()?;
     }
-    report.rows.push(row("bump (ceiling)", "alloc", t, s, times, b.errors()?));
+    report
+        .rows
+        .push(row("bump (ceiling)", "alloc", t, s, times, b.errors()?));
     Ok(())
 }
 
-fn cuda_case(gpu: &Gpu, b: &Buffers, cfg: &Config, t: u32, s: u32, report: &mut Report) -> Result<()> {
+fn cuda_case(
+    gpu: &Gpu,
+    b: &Buffers,
+    cfg: &Config,
+    t: u32,
+    s: u32,
+    report: &mut Report,
+) -> Result<()> {
     let pair = || -> Result<()> {
         // SAFETY: matches pair_cuda(n, sz, errors).
-        unsafe { gpu.launch("pair_cuda", t)?.u32(t).u32(s).u64(b.errors.ptr()).run() }
+        unsafe {
+            gpu.launch("pair_cuda", t)?
+                .u32(t)
+                .u32(s)
+                .u64(b.errors.ptr())
+                .run()
+        }
     };
     let first = gpu.time(pair)? as f64;
     if first > cfg.cuda_budget_ms {
         b.errors()?;
-        report.skipped.push(Skip { allocator: "CUDA malloc", threads: t, size: s, reason: format!("over budget: one pair run took {first:.0} ms") });
+        report.skipped.push(Skip {
+            allocator: "CUDA malloc",
+            threads: t,
+            size: s,
+            reason: format!("over budget: one pair run took {first:.0} ms"),
+        });
         return Ok(());
     }
     let mut times = Vec::new();
     for _ in 0..cfg.reps {
         times.push(gpu.time(pair)? as f64);
     }
-    report.rows.push(row("CUDA malloc", "pair", t, s, times, b.errors()?));
+    report
+        .rows
+        .push(row("CUDA malloc", "pair", t, s, times, b.errors()?));
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
     let mut errs = [0u32; 2];
     for _ in 0..cfg.reps {
         let alloc = || -> Result<()> {
             // SAFETY: matches alloc_cuda(n, sz, ptrs, errors).
-            unsafe { gpu.launch("alloc_cuda", t)?.u32(t).u32(s).u64(b.ptrs.ptr()).u64(b.errors.ptr()).run() }
+            unsafe {
+                gpu.launch("alloc_cuda", t)?
+                    .u32(t)
+                    .u32(s)
+                    .u64(b.ptrs.ptr())
+                    .u64(b.errors.ptr())
+                    .run()
+            }
         };
         ta.push(gpu.time(alloc)? as f64);
         // SAFETY: as in cuheap_case.
         unsafe {
-            gpu.launch("fill_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).run()?;
-            gpu.launch("check_blocks", t)?.u64(b.ptrs.ptr()).u32(t).u32(s).u64(b.errors.ptr()).run()?;
+            gpu.launch("fill_blocks", t)?
+                .u64(b.ptrs.ptr())
+                .u32(t)
+                .u32(s)
+                .run()?;
+            gpu.launch("check_blocks", t)?
+                .u64(b.ptrs.ptr())
+                .u32(t)
+                .u32(s)
+                .u32(0)
+                .u64(b.errors.ptr())
+                .run()?;
         }
         let free = || -> Result<()> {
             // SAFETY: matches free_cuda(n, ptrs).
@@ -281,7 +439,9 @@ fn cuda_case(gpu: &Gpu, b: &Buffers, cfg: &Config, t: u32, s: u32, report: &mut 
         errs[0] += e[0];
         errs[1] += e[1];
     }
-    report.rows.push(row("CUDA malloc", "alloc", t, s, ta, errs));
+    report
+        .rows
+        .push(row("CUDA malloc", "alloc", t, s, ta, errs));
     report.rows.push(row("CUDA malloc", "free", t, s, tf, errs));
     Ok(())
 }

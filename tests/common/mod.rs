@@ -15,7 +15,10 @@ pub struct Bufs {
 
 impl Bufs {
     pub fn new(gpu: &Gpu, n: u32) -> Bufs {
-        Bufs { ptrs: gpu.alloc_zeroed(n as usize * 8).unwrap(), errors: gpu.alloc_zeroed(8).unwrap() }
+        Bufs {
+            ptrs: gpu.alloc_zeroed(n as usize * 8).unwrap(),
+            errors: gpu.alloc_zeroed(8).unwrap(),
+        }
     }
 
     /// `[nulls, damaged]`, then reset.
@@ -35,27 +38,68 @@ impl Bufs {
 
 pub fn alloc(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32, sz: u32) {
     // SAFETY: matches alloc_cuheap(meta, data, pages, slots, n, sz, ptrs, errors).
-    unsafe { gpu.launch("alloc_cuheap", n).unwrap().heap(&heap.handle()).u32(n).u32(sz).u64(b.ptrs.ptr()).u64(b.errors.ptr()).run().unwrap() };
+    unsafe {
+        gpu.launch("alloc_cuheap", n)
+            .unwrap()
+            .heap(&heap.handle())
+            .u32(n)
+            .u32(sz)
+            .u64(b.ptrs.ptr())
+            .u64(b.errors.ptr())
+            .run()
+            .unwrap()
+    };
     gpu.sync().unwrap();
 }
 
 pub fn fill_check(gpu: &Gpu, b: &Bufs, n: u32, sz: u32) {
-    // SAFETY: fill_blocks(ptrs, n, sz), check_blocks(ptrs, n, sz, errors).
+    // SAFETY: fill_blocks(ptrs, n, sz), check_blocks(ptrs, n, sz, natural, errors).
     unsafe {
-        gpu.launch("fill_blocks", n).unwrap().u64(b.ptrs.ptr()).u32(n).u32(sz).run().unwrap();
-        gpu.launch("check_blocks", n).unwrap().u64(b.ptrs.ptr()).u32(n).u32(sz).u64(b.errors.ptr()).run().unwrap();
+        gpu.launch("fill_blocks", n)
+            .unwrap()
+            .u64(b.ptrs.ptr())
+            .u32(n)
+            .u32(sz)
+            .run()
+            .unwrap();
+        gpu.launch("check_blocks", n)
+            .unwrap()
+            .u64(b.ptrs.ptr())
+            .u32(n)
+            .u32(sz)
+            .u32(1)
+            .u64(b.errors.ptr())
+            .run()
+            .unwrap();
     }
     gpu.sync().unwrap();
 }
 
 pub fn free(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32) {
     // SAFETY: matches free_cuheap(meta, data, pages, slots, n, ptrs).
-    unsafe { gpu.launch("free_cuheap", n).unwrap().heap(&heap.handle()).u32(n).u64(b.ptrs.ptr()).run().unwrap() };
+    unsafe {
+        gpu.launch("free_cuheap", n)
+            .unwrap()
+            .heap(&heap.handle())
+            .u32(n)
+            .u64(b.ptrs.ptr())
+            .run()
+            .unwrap()
+    };
     gpu.sync().unwrap();
 }
 
 pub fn pair(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32, sz: u32) {
     // SAFETY: matches pair_cuheap(meta, data, pages, slots, n, sz, errors).
-    unsafe { gpu.launch("pair_cuheap", n).unwrap().heap(&heap.handle()).u32(n).u32(sz).u64(b.errors.ptr()).run().unwrap() };
+    unsafe {
+        gpu.launch("pair_cuheap", n)
+            .unwrap()
+            .heap(&heap.handle())
+            .u32(n)
+            .u32(sz)
+            .u64(b.errors.ptr())
+            .run()
+            .unwrap()
+    };
     gpu.sync().unwrap();
 }

@@ -1,0 +1,124 @@
+//! loom models of the lock-free structures: every interleaving of a few
+//! threads. Run with
+//! `RUSTFLAGS="--cfg loom" cargo test -p cuheap-core --test loom --release`.
+#![cfg(loom)]
+
+use cuheap_core::bitmap::Bitmap;
+use cuheap_core::page::PageDesc;
+use cuheap_core::page_list::PageList;
+use cuheap_core::page_map::PageMap;
+use cuheap_core::sync::{AtomicU32, AtomicU64};
+use cuheap_core::Word;
+use loom::sync::Arc;
+use loom::thread;
+
+/// Two pushers and a popper on one list: nothing lost, nothing twice.
+#[test]
+fn page_list_push_pop() {
+    loom::model(|| {
+        let head = Arc::new(AtomicU64::new(0));
+        let next: Arc<Vec<AtomicU32>> = Arc::new((0..3).map(|_| AtomicU32::new(0)).collect());
+        let ts: Vec<_> = (0..2u32)
+            .map(|p| {
+                let (head, next) = (head.clone(), next.clone());
+                thread::spawn(move || PageList::new(&head).push(p, |i| &next[i as usize]))
+            })
+            .collect();
+        let popped = {
+            let (head, next) = (head.clone(), next.clone());
+            thread::spawn(move || PageList::new(&head).pop(|i| &next[i as usize]))
+        };
+        for t in ts {
+            t.join().unwrap();
+        }
+        let mut seen = vec![popped.join().unwrap()];
+        let list = PageList::new(&head);
+        while let Some(p) = list.pop(|i| &next[i as usize]) {
+            seen.push(Some(p));
+        }
+        let mut got: Vec<u32> = seen.into_iter().flatten().collect();
+        got.sort();
+        assert_eq!(got, vec![0, 1]);
+    });
+}
+
+/// Two claimers and a freer on one bitmap word: every block has one owner.
+#[test]
+fn bitmap_claim_release() {
+    loom::model(|| {
+        let words: Arc<Vec<<u32 as Word>::Atomic>> = Arc::new(vec![u32::new_atomic(0b0111)]);
+        let ts: Vec<_> = (0..2)
+            .map(|_| {
+                let words = words.clone();
+                thread::spawn(move || {
+                    Bitmap::<u32>::new(&words)
+                        .claim(0, 1, 2)
+                        .map_or(0, |(_, m)| m)
+                })
+            })
+            .collect();
+        let freer = {
+            let words = words.clone();
+            thread::spawn(move || Bitmap::<u32>::new(&words).release(0, 0b1000))
+        };
+        let a = ts
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect::<Vec<_>>();
+        assert_eq!(freer.join().unwrap(), 0);
+        assert_eq!(a[0] & a[1], 0, "a block claimed twice");
+        let left = Bitmap::<u32>::new(&words).word(0);
+        assert_eq!((a[0] | a[1] | left).count_ones(), 4, "a block lost");
+        assert_eq!((a[0] | a[1]) & left, 0);
+    });
+}
+
+/// Reservers and a freer on one page's counter: grants never exceed the
+/// free blocks, and once all is given back the page retires exactly once.
+#[test]
+fn page_reserve_free_retire() {
+    loom::model(|| {
+        let d = Arc::new(PageDesc::new());
+        d.activate(0, 2);
+        let ts: Vec<_> = (0..2)
+            .map(|_| {
+                let d = d.clone();
+                thread::spawn(move || {
+                    let before = d.take(2);
+                    let got = if before.live && before.free > 0 {
+                        (before.free as u32).min(2)
+                    } else {
+                        0
+                    };
+                    if got < 2 {
+                        d.add(2 - got);
+                    }
+                    got
+                })
+            })
+            .collect();
+        let got: u32 = ts.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(got, 2, "grants must add up to the free blocks");
+        d.float();
+        let a = d.add(2);
+        assert!(a.floating && a.free == 2);
+        assert!(d.try_retire(2, true));
+        assert!(!d.try_retire(2, true));
+    });
+}
+
+/// Two threads claiming pages from a two-page map get different pages.
+#[test]
+fn page_map_claims_are_exclusive() {
+    loom::model(|| {
+        let words = Arc::new(vec![AtomicU32::new(0)]);
+        let ts: Vec<_> = (0..2)
+            .map(|i| {
+                let words = words.clone();
+                thread::spawn(move || PageMap::new(&words).claim_one(i, 2))
+            })
+            .collect();
+        let r: Vec<_> = ts.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(r[0].is_some() && r[1].is_some() && r[0] != r[1]);
+    });
+}
