@@ -236,7 +236,7 @@ impl<'a, W: Word> Heap<'a, W> {
                 let run = self.claim(&mut g);
                 Ok(self.run_addr(&run, class, 0))
             }
-            None => self.alloc_span(size),
+            None => self.alloc_span(size, slot),
         }
     }
 
@@ -498,7 +498,7 @@ impl<'a, W: Word> Heap<'a, W> {
 
     // ---- spans ------------------------------------------------------------
 
-    fn alloc_span(&self, size: usize) -> Result<*mut u8, AllocError> {
+    fn alloc_span(&self, size: usize, slot: u32) -> Result<*mut u8, AllocError> {
         if size == 0 {
             return Err(self.fail(AllocError::ZeroSize));
         }
@@ -507,9 +507,11 @@ impl<'a, W: Word> Heap<'a, W> {
             return Err(self.fail(AllocError::TooLarge));
         }
         let map = PageMap::new(self.page_map);
-        let mut start = map.claim_run(pages as u32, self.page_count);
+        // Each slot starts its search in its own part of the heap.
+        let hint = (slot % self.slots) as u64 * self.page_count as u64 / self.slots as u64;
+        let mut start = map.claim_run(pages as u32, self.page_count, hint as u32);
         if start.is_none() && self.scavenge() > 0 {
-            start = map.claim_run(pages as u32, self.page_count);
+            start = map.claim_run(pages as u32, self.page_count, 0);
         }
         let Some(start) = start else {
             return Err(self.fail(AllocError::OutOfMemory));

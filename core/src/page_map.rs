@@ -58,14 +58,25 @@ impl<'a> PageMap<'a> {
         None
     }
 
-    /// Claims `len` consecutive free pages below `limit` (first fit).
-    /// Lock-free: a run whose bits change under it is given back and the
-    /// search goes on past the conflict.
-    pub fn claim_run(&self, len: u32, limit: u32) -> Option<u32> {
+    /// Claims `len` consecutive free pages below `limit`, first fit from
+    /// page `hint` (callers spread their hints so concurrent searches do not
+    /// collide), then from page 0. Lock-free: a run whose bits change under
+    /// it is given back and the search goes on past the conflict.
+    pub fn claim_run(&self, len: u32, limit: u32, hint: u32) -> Option<u32> {
         if len == 0 || len > limit {
             return None;
         }
-        let mut start = 0u32;
+        let hint = hint % limit;
+        if hint > 0 {
+            if let Some(p) = self.claim_run_from(hint, len, limit) {
+                return Some(p);
+            }
+        }
+        self.claim_run_from(0, len, limit)
+    }
+
+    fn claim_run_from(&self, from: u32, len: u32, limit: u32) -> Option<u32> {
+        let mut start = from;
         'search: while start + len <= limit {
             // Find a candidate from a snapshot.
             let mut run = 0u32;
@@ -73,6 +84,14 @@ impl<'a> PageMap<'a> {
             while run < len {
                 if i >= limit {
                     return None;
+                }
+                if i % 32 == 0
+                    && run == 0
+                    && self.words[(i / 32) as usize].load(Ordering::Relaxed) == u32::MAX
+                {
+                    i += 32; // a full word: skip it whole
+                    start = i;
+                    continue;
                 }
                 if self.is_set(i) {
                     run = 0;
@@ -132,15 +151,15 @@ mod tests {
         let w: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
         let m = PageMap::new(&w);
         assert_eq!(m.claim_one(0, 100), Some(0));
-        assert_eq!(m.claim_run(40, 100), Some(1));
+        assert_eq!(m.claim_run(40, 100, 0), Some(1));
         assert_eq!(m.claim_one(0, 100), Some(41));
-        assert_eq!(m.claim_run(59, 100), None);
-        assert_eq!(m.claim_run(58, 100), Some(42));
+        assert_eq!(m.claim_run(59, 100, 7), None);
+        assert_eq!(m.claim_run(58, 100, 0), Some(42));
         assert_eq!(m.claim_one(0, 100), None);
         m.release_run(10, 35);
-        assert_eq!(m.claim_run(36, 100), None);
-        assert_eq!(m.claim_run(35, 100), Some(10));
-        assert_eq!(m.claim_run(0, 100), None);
-        assert_eq!(m.claim_run(101, 100), None);
+        assert_eq!(m.claim_run(36, 100, 50), None);
+        assert_eq!(m.claim_run(35, 100, 0), Some(10));
+        assert_eq!(m.claim_run(0, 100, 0), None);
+        assert_eq!(m.claim_run(101, 100, 0), None);
     }
 }

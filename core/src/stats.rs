@@ -55,8 +55,11 @@ pub struct Stats {
     pub class_pages: [u64; CLASS_COUNT],
     /// Bytes of blocks handed out, by block size, plus span bytes.
     pub bytes_in_use: u64,
-    /// Bytes of pages in use (class pages and spans): the footprint.
+    /// Bytes of pages taken from the page map (class pages, cached empty
+    /// ones included, and spans): the footprint.
     pub bytes_reserved: u64,
+    /// Bytes of pages that hold at least one live block, plus spans.
+    pub bytes_in_live_pages: u64,
     pub spans: u64,
     pub span_pages: u64,
     pub free_pages: u64,
@@ -76,6 +79,7 @@ impl Stats {
             class_pages: [0; CLASS_COUNT],
             bytes_in_use: 0,
             bytes_reserved: 0,
+            bytes_in_live_pages: 0,
             spans: 0,
             span_pages: 0,
             free_pages: 0,
@@ -94,6 +98,9 @@ impl Stats {
                     s.blocks_in_use[c as usize] += used;
                     s.class_pages[c as usize] += 1;
                     s.bytes_in_use += used * class_size(c) as u64;
+                    if used > 0 {
+                        s.bytes_in_live_pages += PAGE_SIZE as u64;
+                    }
                 }
                 Kind::Class(_) => {}
                 Kind::SpanHead => {
@@ -101,6 +108,7 @@ impl Stats {
                     s.spans += 1;
                     s.span_pages += n;
                     s.bytes_in_use += n * PAGE_SIZE as u64;
+                    s.bytes_in_live_pages += n * PAGE_SIZE as u64;
                 }
                 Kind::SpanTail => {}
             }

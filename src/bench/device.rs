@@ -25,8 +25,11 @@ pub struct Row {
     pub allocs_per_s: f64,
     pub nulls: u32,
     pub errors: u32,
-    /// Bytes of pages in use at the peak over bytes requested (cuheap alloc).
+    /// Bytes of pages holding live blocks at the peak over bytes requested
+    /// (cuheap alloc).
     pub memory_ratio: Option<f64>,
+    /// All pages the heap holds (empty cached pages too) over bytes requested.
+    pub footprint_ratio: Option<f64>,
 }
 
 /// A skipped measurement and why.
@@ -208,6 +211,7 @@ fn row(
         nulls: errs[0],
         errors: errs[1],
         memory_ratio: None,
+        footprint_ratio: None,
     }
 }
 
@@ -246,7 +250,7 @@ fn cuheap_case(
     report.rows.push(row("cuheap", "pair", t, s, times, errs));
 
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
-    let mut ratio = 0.0;
+    let (mut ratio, mut footprint) = (0.0, 0.0);
     let mut check_errs = [0u32; 2];
     for rep in 0..=cfg.reps {
         let alloc = || -> Result<()> {
@@ -264,7 +268,8 @@ fn cuheap_case(
         let ms_a = gpu.time(alloc)? as f64;
         if rep == 1 {
             let st = heap.stats()?;
-            ratio = st.bytes_reserved as f64 / expected_bytes(t, s) as f64;
+            ratio = st.bytes_in_live_pages as f64 / expected_bytes(t, s) as f64;
+            footprint = st.bytes_reserved as f64 / expected_bytes(t, s) as f64;
         }
         // SAFETY: fill_blocks(ptrs, n, sz) and check_blocks(ptrs, n, sz, natural, errors).
         unsafe {
@@ -305,6 +310,7 @@ fn cuheap_case(
     }
     let mut a = row("cuheap", "alloc", t, s, ta, check_errs);
     a.memory_ratio = Some(ratio);
+    a.footprint_ratio = Some(footprint);
     report.rows.push(a);
     report
         .rows

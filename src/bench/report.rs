@@ -35,9 +35,9 @@ pub fn device_table(r: &Report) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "| T x size | cuheap pair | pairs/s | CUDA malloc pair | speedup | cuheap alloc | cuheap free | bump alloc | alloc / bump | pages / requested | errors |"
+        "| T x size | cuheap pair | pairs/s | CUDA malloc pair | speedup | cuheap alloc | cuheap free | bump alloc | alloc / bump | live pages / requested | footprint / requested | errors |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut keys: Vec<(u32, u32)> = r.rows.iter().map(|x| (x.threads, x.size)).collect();
     keys.dedup();
     keys.sort_by_key(|&(t, s)| (t, if s == 0 { u32::MAX / 2 } else { s }));
@@ -71,7 +71,7 @@ pub fn device_table(r: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} x {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} x {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             threads_name(t),
             size_name(s),
             ms(pair),
@@ -84,6 +84,9 @@ pub fn device_table(r: &Report) -> String {
             vs_bump,
             alloc
                 .and_then(|a| a.memory_ratio)
+                .map_or("-".into(), |x| format!("{x:.2}")),
+            alloc
+                .and_then(|a| a.footprint_ratio)
                 .map_or("-".into(), |x| format!("{x:.2}")),
             errors,
         );
