@@ -17,7 +17,7 @@ const SCRUB: &[&str] = &[
     "RUSTC_WORKSPACE_WRAPPER",
     "RUSTUP_TOOLCHAIN",
     "RUSTFLAGS",
-    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_ENCODED_RUSTFLAGS", // set again below, for the GPU
     "CARGO_TARGET_DIR",
     "CARGO_BUILD_TARGET",
     "CARGO",
@@ -65,9 +65,10 @@ fn main() {
         .arg(root.join("kernels/Cargo.toml"))
         .arg("--target-dir")
         .arg(&target_dir)
-        .args(["--", "-C"])
-        .arg(format!("target-cpu={arch}"))
-        .args(["--emit=asm", "-C", "linker=true"]);
+        .args(["--", "--emit=asm", "-C", "linker=true"])
+        // Every crate of the nested build (core included) for the same GPU:
+        // newer nightlies refuse to mix target-cpu across crates.
+        .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={arch}"));
     let output = match cmd.output() {
         Ok(o) => o,
         Err(e) => fail(&format!("could not run cargo for the PTX build: {e}")),
@@ -86,9 +87,40 @@ fn main() {
         eprintln!("{stderr}");
         fail(&hint);
     }
-    let ptx = target_dir.join("nvptx64-nvidia-cuda/release/deps/cuheap_kernels.s");
-    copy(&ptx, &out.join("cuheap_kernels.ptx"));
+    // Where cargo puts `--emit=asm` output differs between versions
+    // (`release/deps/` before its build-dir layout, `build/<pkg>/<hash>/out/`
+    // after): take the newest `cuheap_kernels*.s` under the target dir.
+    let mut found = Vec::new();
+    find_asm(&target_dir.join("nvptx64-nvidia-cuda/release"), &mut found);
+    found.sort_by_key(|(t, _)| *t);
+    match found.pop() {
+        Some((_, ptx)) => copy(&ptx, &out.join("cuheap_kernels.ptx")),
+        None => fail(&format!(
+            "no cuheap_kernels*.s under {}",
+            target_dir.display()
+        )),
+    }
     println!("cargo:rustc-env=CUHEAP_PTX_ARCH={arch}");
+}
+
+fn find_asm(dir: &Path, found: &mut Vec<(std::time::SystemTime, PathBuf)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            find_asm(&path, found);
+        } else if path.extension().is_some_and(|x| x == "s")
+            && path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("cuheap_kernels"))
+        {
+            if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
+                found.push((t, path));
+            }
+        }
+    }
 }
 
 fn copy(from: &Path, to: &Path) {

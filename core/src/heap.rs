@@ -594,7 +594,7 @@ impl<'a, W: Word> Heap<'a, W> {
             Kind::Class(class) if (class as usize) < CLASS_COUNT => {
                 let size = class_size(class) as usize;
                 let index = in_page / size;
-                if in_page % size != 0 || index >= blocks_per_page(class) as usize {
+                if !in_page.is_multiple_of(size) || index >= blocks_per_page(class) as usize {
                     return Err(self.bad_free(FreeError::Interior));
                 }
                 let index = index as u32;

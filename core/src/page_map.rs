@@ -85,7 +85,7 @@ impl<'a> PageMap<'a> {
                 if i >= limit {
                     return None;
                 }
-                if i % 32 == 0
+                if i.is_multiple_of(32)
                     && run == 0
                     && self.words[(i / 32) as usize].load(Ordering::Relaxed) == u32::MAX
                 {

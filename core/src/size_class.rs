@@ -55,7 +55,7 @@ const _: () = {
     let mut i = 0;
     while i < CLASS_COUNT {
         let s = CLASS_SIZES[i];
-        assert!(s % MIN_BLOCK as u32 == 0);
+        assert!(s.is_multiple_of(MIN_BLOCK as u32));
         if i > 0 {
             let prev = CLASS_SIZES[i - 1];
             assert!(s > prev);
@@ -88,7 +88,7 @@ pub const fn class_of(size: usize) -> Option<u32> {
         return None;
     }
     if size <= 64 {
-        return Some(((size + 15) / 16 - 1) as u32);
+        return Some((size.div_ceil(16) - 1) as u32);
     }
     let s = size - 1;
     let p = usize::BITS - 1 - s.leading_zeros(); // 2^p <= s < 2^(p+1), p >= 6
@@ -110,11 +110,9 @@ pub const fn class_size(class: u32) -> u32 {
 /// Blocks that fit in one page of `class`.
 #[inline(always)]
 pub const fn blocks_per_page(class: u32) -> u32 {
-    let s = class_size(class);
-    if s == 0 {
-        0
-    } else {
-        PAGE_SIZE as u32 / s
+    match (PAGE_SIZE as u32).checked_div(class_size(class)) {
+        Some(n) => n,
+        None => 0,
     }
 }
 

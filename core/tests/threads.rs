@@ -23,7 +23,7 @@ fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
             let barrier = &barrier;
             sc.spawn(move || {
                 let heap = owned.heap();
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1) * 0x1234_5678;
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0x1234_5678);
                 let mut live: Vec<(*mut u8, usize)> = Vec::with_capacity(64);
                 let id = (t as u8).wrapping_add(1);
                 barrier.wait();

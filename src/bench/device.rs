@@ -184,8 +184,8 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
 pub fn size_name(s: u32) -> String {
     match s {
         0 => "mixed".into(),
-        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
-        s if s >= 1024 && s % 1024 == 0 => format!("{} KiB", s >> 10),
+        s if s >= 1 << 20 && s.is_multiple_of(1 << 20) => format!("{} MiB", s >> 20),
+        s if s >= 1024 && s.is_multiple_of(1024) => format!("{} KiB", s >> 10),
         s => format!("{s} B"),
     }
 }

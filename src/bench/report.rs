@@ -14,9 +14,9 @@ fn ms(r: Option<&Row>) -> String {
 }
 
 pub fn threads_name(t: u32) -> String {
-    if t >= 1 << 20 && t % (1 << 20) == 0 {
+    if t >= 1 << 20 && t.is_multiple_of(1 << 20) {
         format!("{}M", t >> 20)
-    } else if t >= 1024 && t % 1024 == 0 {
+    } else if t >= 1024 && t.is_multiple_of(1024) {
         format!("{}K", t >> 10)
     } else {
         t.to_string()
