@@ -20,6 +20,7 @@
 //! 6. [`layout`], [`heap`]: the heap over a caller-provided region.
 //! 7. [`stats`]: statistics and invariant checks read off the metadata.
 #![no_std]
+#![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![cfg_attr(
     not(test),
     deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
