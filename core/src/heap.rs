@@ -231,22 +231,42 @@ impl<'a, W: Word> Heap<'a, W> {
     /// Allocates `size` bytes; slot `slot` picks the current pages to use.
     pub fn alloc(&self, size: usize, slot: u32) -> Result<*mut u8, AllocError> {
         match class_of(size) {
-            Some(class) => {
-                let mut g = self.reserve(class, 1, slot)?;
-                let run = self.claim(&mut g);
-                Ok(self.run_addr(&run, class, 0))
-            }
+            Some(class) => match self.reserve(class, 1, slot) {
+                Ok(mut g) => {
+                    let run = self.claim(&mut g);
+                    Ok(self.run_addr(&run, class, 0))
+                }
+                Err(_) => self.alloc_fallback(size, class, slot),
+            },
             None => self.alloc_span(size, slot),
         }
+    }
+
+    /// After [`Heap::reserve`] failed for `class`: a class whose pages are
+    /// several units long may still fit as a span of whole units (a small
+    /// or fragmented heap); otherwise the failure is counted here.
+    #[cold]
+    pub fn alloc_fallback(
+        &self,
+        size: usize,
+        class: u32,
+        slot: u32,
+    ) -> Result<*mut u8, AllocError> {
+        if page_units(class) > 1 {
+            return self.alloc_span(size, slot);
+        }
+        Err(self.fail(AllocError::OutOfMemory))
     }
 
     /// Reserves up to `want` (1..=4096) blocks of `class` on one page: the
     /// bulk entry point behind warp aggregation. The grant may hold fewer
     /// than `want` blocks when the page fills; ask again for the rest.
+    /// Out of memory is not counted here: callers finish with
+    /// [`Heap::alloc_fallback`], which counts what finally fails.
     #[inline(always)]
     pub fn reserve(&self, class: u32, want: u32, slot: u32) -> Result<Grant, AllocError> {
         if class as usize >= CLASS_COUNT || want == 0 {
-            return Err(self.fail(AllocError::ZeroSize));
+            return Err(AllocError::ZeroSize);
         }
         let cache = self.slot_cache(class, slot);
         loop {
@@ -358,8 +378,7 @@ impl<'a, W: Word> Heap<'a, W> {
             }
         }
         let hint = slot.wrapping_mul(0x9E37_79B9) % self.page_count;
-        let map = PageMap::new(self.page_map);
-        if let Some(p) = map.claim_one(hint, self.page_count) {
+        if let Some(p) = self.claim_units(page_units(class), hint) {
             self.activate(p, class);
             return Some(p);
         }
@@ -369,7 +388,7 @@ impl<'a, W: Word> Heap<'a, W> {
             }
         }
         if self.scavenge() > 0 {
-            if let Some(p) = map.claim_one(hint, self.page_count) {
+            if let Some(p) = self.claim_units(page_units(class), 0) {
                 self.activate(p, class);
                 return Some(p);
             }
@@ -377,7 +396,22 @@ impl<'a, W: Word> Heap<'a, W> {
         None
     }
 
+    /// Claims `units` free consecutive units from the page map.
+    fn claim_units(&self, units: u32, hint: u32) -> Option<u32> {
+        let map = PageMap::new(self.page_map);
+        if units == 1 {
+            map.claim_one(hint, self.page_count)
+        } else {
+            map.claim_run(units, self.page_count, hint)
+        }
+    }
+
     fn activate(&self, page: u32, class: u32) {
+        for k in 1..page_units(class) {
+            let tail = &self.descs[(page + k) as usize];
+            tail.span.store(k, Ordering::Relaxed);
+            tail.kind.store(KIND_CLASS_TAIL, Ordering::Release);
+        }
         let cap = blocks_per_page(class);
         self.bitmap(page).fill(cap);
         self.descs[page as usize].activate(class, cap);
@@ -416,7 +450,7 @@ impl<'a, W: Word> Heap<'a, W> {
                 return Ok(());
             }
         }
-        Err(self.fail(AllocError::OutOfMemory))
+        Err(AllocError::OutOfMemory)
     }
 
     #[cold]
@@ -442,13 +476,22 @@ impl<'a, W: Word> Heap<'a, W> {
         let Kind::Class(class) = d.kind() else { return };
         let cap = blocks_per_page(class);
         if a.free >= cap as i64 && d.try_retire(cap, true) {
-            d.kind.store(KIND_FREE, Ordering::Release);
-            d.state.store(STATE_NONE, Ordering::Release);
-            Counters::bump(&self.counters.pages_retired, 1);
-            PageMap::new(self.page_map).release_run(page, 1);
+            self.release_page(page, class);
         } else if a.free >= list_threshold(cap) as i64 && d.unfloat() {
             self.list_page(page, class, slot);
         }
+    }
+
+    /// Gives a retired page's units back to the page map.
+    fn release_page(&self, page: u32, class: u32) {
+        let units = page_units(class);
+        for p in page..page + units {
+            let d = &self.descs[p as usize];
+            d.state.store(STATE_NONE, Ordering::Relaxed);
+            d.kind.store(KIND_FREE, Ordering::Release);
+        }
+        Counters::bump(&self.counters.pages_retired, 1);
+        PageMap::new(self.page_map).release_run(page, units);
     }
 
     /// Returns `n` blocks of a class page to its `avail`, then settles it.
@@ -476,10 +519,7 @@ impl<'a, W: Word> Heap<'a, W> {
                 while let Some(p) = list.pop(self.next_of()) {
                     let d = &self.descs[p as usize];
                     if d.try_retire(cap, false) {
-                        d.kind.store(KIND_FREE, Ordering::Release);
-                        d.state.store(STATE_NONE, Ordering::Release);
-                        Counters::bump(&self.counters.pages_retired, 1);
-                        PageMap::new(self.page_map).release_run(p, 1);
+                        self.release_page(p, class);
                         retired += 1;
                     } else {
                         d.next.store(kept, Ordering::Relaxed);
@@ -588,9 +628,17 @@ impl<'a, W: Word> Heap<'a, W> {
         if addr < self.data || off >= self.page_count as usize * PAGE_SIZE {
             return Err(self.bad_free(FreeError::Foreign));
         }
-        let page = (off >> PAGE_SHIFT) as u32;
-        let in_page = off & (PAGE_SIZE - 1);
-        match self.descs[page as usize].kind() {
+        let mut page = (off >> PAGE_SHIFT) as u32;
+        let mut kind = self.descs[page as usize].kind();
+        if kind == Kind::ClassTail {
+            page -= self.descs[page as usize]
+                .span
+                .load(Ordering::Relaxed)
+                .min(page);
+            kind = self.descs[page as usize].kind();
+        }
+        let in_page = off - page as usize * PAGE_SIZE;
+        match kind {
             Kind::Class(class) if (class as usize) < CLASS_COUNT => {
                 let size = class_size(class) as usize;
                 let index = in_page / size;
@@ -606,7 +654,9 @@ impl<'a, W: Word> Heap<'a, W> {
             }
             Kind::SpanHead if in_page == 0 => Ok(Located::Span { page }),
             Kind::SpanHead | Kind::SpanTail => Err(self.bad_free(FreeError::Interior)),
-            Kind::Free | Kind::Class(_) => Err(self.bad_free(FreeError::NotAllocated)),
+            Kind::Free | Kind::Class(_) | Kind::ClassTail => {
+                Err(self.bad_free(FreeError::NotAllocated))
+            }
         }
     }
 
@@ -699,6 +749,20 @@ impl<'a, W: Word> Heap<'a, W> {
                     if a.floating && a.free >= list_threshold(cap) as i64 {
                         return Err("floating page with free blocks is neither listed nor retired");
                     }
+                    let units = page_units(c);
+                    for k in 1..units {
+                        let q = p + k;
+                        let t = &self.descs[q as usize];
+                        if q >= self.page_count
+                            || !map.is_set(q)
+                            || t.kind() != Kind::ClassTail
+                            || t.span.load(Ordering::Relaxed) != k
+                        {
+                            return Err("class page tail unit not marked");
+                        }
+                    }
+                    p += units;
+                    continue;
                 }
                 Kind::SpanHead => {
                     let n = d.span.load(Ordering::Relaxed);
@@ -717,6 +781,7 @@ impl<'a, W: Word> Heap<'a, W> {
                     continue;
                 }
                 Kind::SpanTail => return Err("span tail without a head"),
+                Kind::ClassTail => return Err("class page tail without a head"),
             }
             p += 1;
         }

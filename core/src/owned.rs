@@ -94,7 +94,7 @@ mod tests {
     /// Small enough for Miri: every class and a span, alloc, check, free.
     #[test]
     fn every_class_round_trip() {
-        let h = OwnedHeap::<u32>::new(128, 2).unwrap();
+        let h = OwnedHeap::<u32>::new(1024, 2).unwrap();
         let heap = h.heap();
         let mut live = Vec::new();
         for (i, &s) in CLASS_SIZES.iter().enumerate() {
@@ -152,10 +152,12 @@ mod tests {
         let h = OwnedHeap::<u64>::new(2, 1).unwrap();
         let heap = h.heap();
         let mut live = Vec::new();
-        while let Ok(p) = heap.alloc(4096, 0) {
+        while let Ok(p) = heap.alloc(256, 0) {
             live.push(p);
         }
-        assert_eq!(live.len(), 32);
+        assert_eq!(live.len(), 512);
+        // A class whose pages are 16 units long falls back to a span.
+        assert_eq!(heap.alloc(4096, 0), Err(AllocError::OutOfMemory));
         assert_eq!(heap.alloc(16, 0), Err(AllocError::OutOfMemory));
         assert_eq!(heap.alloc(PAGE_SIZE + 1, 0), Err(AllocError::OutOfMemory));
         for p in live.drain(..) {

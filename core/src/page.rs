@@ -52,6 +52,9 @@ pub const fn decode(v: u64) -> Avail {
 pub const KIND_FREE: u32 = 0;
 pub const KIND_SPAN_HEAD: u32 = 0xFFFF_0001;
 pub const KIND_SPAN_TAIL: u32 = 0xFFFF_0002;
+/// A later unit of a multi-unit class page; `span` holds the distance to
+/// its head.
+pub const KIND_CLASS_TAIL: u32 = 0xFFFF_0003;
 
 pub const STATE_NONE: u32 = 0;
 pub const STATE_ATTACHED: u32 = 1;
@@ -65,6 +68,7 @@ pub enum Kind {
     Class(u32),
     SpanHead,
     SpanTail,
+    ClassTail,
 }
 
 /// Per-page metadata, 32 bytes, `#[repr(C)]` so host and device agree.
@@ -72,13 +76,14 @@ pub enum Kind {
 pub struct PageDesc {
     /// See the module documentation.
     pub avail: AtomicU64,
-    /// `KIND_FREE`, `class + 1`, `KIND_SPAN_HEAD` or `KIND_SPAN_TAIL`.
+    /// `KIND_FREE`, `class + 1` (a class page's first unit), `KIND_CLASS_TAIL`,
+    /// `KIND_SPAN_HEAD` or `KIND_SPAN_TAIL`.
     pub kind: AtomicU32,
     /// One of the `STATE_*` values (class pages only; informational).
     pub state: AtomicU32,
     /// Link in a [`PageList`](crate::page_list::PageList), `index + 1`.
     pub next: AtomicU32,
-    /// Pages in the span (span heads only).
+    /// Units in the span (span heads), distance to the head (class tails).
     pub span: AtomicU32,
     pad: [u32; 2],
 }
@@ -166,6 +171,7 @@ pub const fn decode_kind(k: u32) -> Kind {
         KIND_FREE => Kind::Free,
         KIND_SPAN_HEAD => Kind::SpanHead,
         KIND_SPAN_TAIL => Kind::SpanTail,
+        KIND_CLASS_TAIL => Kind::ClassTail,
         c => Kind::Class(c - 1),
     }
 }

@@ -107,10 +107,30 @@ pub const fn class_size(class: u32) -> u32 {
     }
 }
 
+/// Blocks a page aims to hold: pages of large classes are several
+/// [`PAGE_SIZE`] units long, so a warp's worth of blocks rarely needs a new
+/// page (a 64 KiB page holds only 16 blocks of 4 KiB).
+pub const TARGET_BLOCKS_PER_PAGE: usize = 256;
+/// Longest page of a class, in [`PAGE_SIZE`] units (1 MiB).
+pub const MAX_PAGE_UNITS: u32 = 16;
+
+/// [`PAGE_SIZE`] units in one page of `class` (1 for classes up to 256 B).
+#[inline(always)]
+pub const fn page_units(class: u32) -> u32 {
+    let u = (TARGET_BLOCKS_PER_PAGE * class_size(class) as usize).div_ceil(PAGE_SIZE) as u32;
+    if u == 0 {
+        1
+    } else if u > MAX_PAGE_UNITS {
+        MAX_PAGE_UNITS
+    } else {
+        u
+    }
+}
+
 /// Blocks that fit in one page of `class`.
 #[inline(always)]
 pub const fn blocks_per_page(class: u32) -> u32 {
-    match (PAGE_SIZE as u32).checked_div(class_size(class)) {
+    match (page_units(class) * PAGE_SIZE as u32).checked_div(class_size(class)) {
         Some(n) => n,
         None => 0,
     }

@@ -3,7 +3,7 @@
 //! bad frees, page turnover) are counted in [`Counters`].
 
 use crate::page::{decode, decode_kind, Kind, PageDesc};
-use crate::size_class::{blocks_per_page, class_size, CLASS_COUNT, PAGE_SIZE};
+use crate::size_class::{blocks_per_page, class_size, page_units, CLASS_COUNT, PAGE_SIZE};
 use crate::sync::{AtomicU64, Ordering};
 
 /// Event counters kept in the heap's metadata.
@@ -53,6 +53,8 @@ pub struct Stats {
     pub blocks_in_use: [u64; CLASS_COUNT],
     /// Pages serving each class.
     pub class_pages: [u64; CLASS_COUNT],
+    /// 64 KiB units those pages cover.
+    pub class_units: u64,
     /// Bytes of blocks handed out, by block size, plus span bytes.
     pub bytes_in_use: u64,
     /// Bytes of pages taken from the page map (class pages, cached empty
@@ -77,6 +79,7 @@ impl Stats {
         let mut s = Stats {
             blocks_in_use: [0; CLASS_COUNT],
             class_pages: [0; CLASS_COUNT],
+            class_units: 0,
             bytes_in_use: 0,
             bytes_reserved: 0,
             bytes_in_live_pages: 0,
@@ -97,9 +100,10 @@ impl Stats {
                     let used = (blocks_per_page(c) as i64 - free.max(0)).max(0) as u64;
                     s.blocks_in_use[c as usize] += used;
                     s.class_pages[c as usize] += 1;
+                    s.class_units += page_units(c) as u64;
                     s.bytes_in_use += used * class_size(c) as u64;
                     if used > 0 {
-                        s.bytes_in_live_pages += PAGE_SIZE as u64;
+                        s.bytes_in_live_pages += page_units(c) as u64 * PAGE_SIZE as u64;
                     }
                 }
                 Kind::Class(_) => {}
@@ -110,11 +114,10 @@ impl Stats {
                     s.bytes_in_use += n * PAGE_SIZE as u64;
                     s.bytes_in_live_pages += n * PAGE_SIZE as u64;
                 }
-                Kind::SpanTail => {}
+                Kind::SpanTail | Kind::ClassTail => {}
             }
         }
-        let class_pages: u64 = s.class_pages.iter().sum();
-        s.bytes_reserved = (class_pages + s.span_pages) * PAGE_SIZE as u64;
+        s.bytes_reserved = (s.class_units + s.span_pages) * PAGE_SIZE as u64;
         s
     }
 

@@ -68,12 +68,12 @@ pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
         }
         let mask = shfl(peers, mask, leader);
         if mask == 0 {
-            // Out of memory: the lanes not yet served get null, each counted
-            // (the failed reserve counted one).
-            if lane == leader && remaining > 1 {
-                cuheap_core::Counters::bump(&heap.counters().failed_allocs, remaining as u64 - 1);
+            // No class page: the lanes not yet served try a span (classes
+            // with multi-unit pages, small heaps), else get a counted null.
+            if rank >= 0 {
+                return heap.alloc_fallback(size, class, slot).unwrap_or(core::ptr::null_mut());
             }
-            break;
+            return result;
         }
         let page = shfl(peers, page, leader);
         let word = shfl(peers, word, leader);
