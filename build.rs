@@ -3,7 +3,8 @@
 //!
 //! Settings (environment): `CUHEAP_PTX_ARCH` (default `sm_80`, which the
 //! driver JIT-compiles for A100, H100 and newer), `CUHEAP_NIGHTLY` (the
-//! toolchain name, default `nightly`).
+//! toolchain name, default `nightly`), `CUHEAP_ATOMIC_SCOPE` (`gpu`, the
+//! default, or `sys`: which atomics `cuheap-core` uses on the GPU).
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -40,9 +41,17 @@ fn main() {
     }
     println!("cargo:rerun-if-env-changed=CUHEAP_PTX_ARCH");
     println!("cargo:rerun-if-env-changed=CUHEAP_NIGHTLY");
+    println!("cargo:rerun-if-env-changed=CUHEAP_ATOMIC_SCOPE");
 
     let arch = env::var("CUHEAP_PTX_ARCH").unwrap_or_else(|_| "sm_80".into());
     let toolchain = env::var("CUHEAP_NIGHTLY").unwrap_or_else(|_| "nightly".into());
+    let scope = match env::var("CUHEAP_ATOMIC_SCOPE").as_deref() {
+        Ok("gpu") | Err(_) => "",
+        Ok("sys") => "\x1f--cfg\x1fcuheap_sys_atomics",
+        Ok(other) => fail(&format!(
+            "CUHEAP_ATOMIC_SCOPE={other}: use gpu (default) or sys"
+        )),
+    };
     if !arch.starts_with("sm_") || arch[3..].parse::<u32>().map_or(true, |v| v < 70) {
         fail(&format!(
             "CUHEAP_PTX_ARCH={arch} is not a supported target: use sm_70 or newer (default sm_80)"
@@ -68,7 +77,10 @@ fn main() {
         .args(["--", "--emit=asm", "-C", "linker=true"])
         // Every crate of the nested build (core included) for the same GPU:
         // newer nightlies refuse to mix target-cpu across crates.
-        .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={arch}"));
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("-Ctarget-cpu={arch}{scope}"),
+        );
     let output = match cmd.output() {
         Ok(o) => o,
         Err(e) => fail(&format!("could not run cargo for the PTX build: {e}")),

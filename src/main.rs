@@ -36,6 +36,13 @@ enum Command {
         /// Only the given thread counts (e.g. --threads 1048576).
         #[arg(long, value_delimiter = ',')]
         threads: Option<Vec<u32>>,
+        /// Only the given sizes in bytes, 0 for mixed (e.g. --sizes 16,64).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<u32>>,
+        /// Benchmark the kernels of this PTX file instead of the embedded one
+        /// (e.g. a build with other settings).
+        #[arg(long)]
+        ptx: Option<PathBuf>,
     },
 }
 
@@ -65,6 +72,8 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             chart,
             reps,
             threads,
+            sizes,
+            ptx,
         } => {
             let mut out = serde_json::Map::new();
             if which != Which::Device {
@@ -74,7 +83,11 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 out.insert("cpu".into(), serde_json::to_value(&rows)?);
             }
             if which != Which::Cpu {
-                match cuheap::open_gpu() {
+                let opened = match &ptx {
+                    Some(path) => cuheap::Gpu::open(&std::fs::read_to_string(path)?),
+                    None => cuheap::open_gpu(),
+                };
+                match opened {
                     Ok(gpu) => {
                         let mut cfg = device::Config {
                             reps: reps.max(1),
@@ -82,6 +95,12 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         };
                         if let Some(t) = threads {
                             cfg.threads = t;
+                        }
+                        if let Some(s) = sizes {
+                            cfg.sizes = s;
+                        }
+                        if let Some(path) = &ptx {
+                            println!("kernels from {}", path.display());
                         }
                         let bar = indicatif::ProgressBar::new_spinner();
                         bar.enable_steady_tick(std::time::Duration::from_millis(200));

@@ -117,6 +117,45 @@ pub const MAX_PAGE_UNITS: u32 = 16;
 /// [`PAGE_SIZE`] units in one page of `class` (1 for classes up to 256 B).
 #[inline(always)]
 pub const fn page_units(class: u32) -> u32 {
+    if (class as usize) < CLASS_COUNT {
+        PAGE_UNITS[class as usize]
+    } else {
+        1
+    }
+}
+
+/// Blocks that fit in one page of `class`.
+#[inline(always)]
+pub const fn blocks_per_page(class: u32) -> u32 {
+    if (class as usize) < CLASS_COUNT {
+        BLOCKS_PER_PAGE[class as usize]
+    } else {
+        0
+    }
+}
+
+// Tables, so the hot paths look these up instead of dividing.
+const PAGE_UNITS: [u32; CLASS_COUNT] = {
+    let mut t = [0u32; CLASS_COUNT];
+    let mut c = 0;
+    while c < CLASS_COUNT {
+        t[c] = compute_page_units(c as u32);
+        c += 1;
+    }
+    t
+};
+
+const BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = {
+    let mut t = [0u32; CLASS_COUNT];
+    let mut c = 0;
+    while c < CLASS_COUNT {
+        t[c] = compute_page_units(c as u32) * PAGE_SIZE as u32 / CLASS_SIZES[c];
+        c += 1;
+    }
+    t
+};
+
+const fn compute_page_units(class: u32) -> u32 {
     let u = (TARGET_BLOCKS_PER_PAGE * class_size(class) as usize).div_ceil(PAGE_SIZE) as u32;
     if u == 0 {
         1
@@ -124,15 +163,6 @@ pub const fn page_units(class: u32) -> u32 {
         MAX_PAGE_UNITS
     } else {
         u
-    }
-}
-
-/// Blocks that fit in one page of `class`.
-#[inline(always)]
-pub const fn blocks_per_page(class: u32) -> u32 {
-    match (page_units(class) * PAGE_SIZE as u32).checked_div(class_size(class)) {
-        Some(n) => n,
-        None => 0,
     }
 }
 

@@ -5,6 +5,8 @@
 //!   PTX with **`.gpu` scope**. `core`'s atomics lower to `.sys` scope on
 //!   nvptx64 (coherent with the CPU and peer GPUs), which is slower and
 //!   more than a device heap needs: its memory is touched by one GPU;
+//!   (`CUHEAP_ATOMIC_SCOPE=sys` at build time selects `core`'s atomics on
+//!   the GPU too, to compare);
 //! - under `cfg(loom)`: loom's atomics, so the lock-free structures are
 //!   model-checked.
 //!
@@ -14,10 +16,10 @@
 #[cfg(loom)]
 pub use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-#[cfg(all(not(loom), not(target_arch = "nvptx64")))]
+#[cfg(all(not(loom), any(not(target_arch = "nvptx64"), cuheap_sys_atomics)))]
 pub use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-#[cfg(all(not(loom), target_arch = "nvptx64"))]
+#[cfg(all(not(loom), target_arch = "nvptx64", not(cuheap_sys_atomics)))]
 pub use gpu::{AtomicU32, AtomicU64, Ordering};
 
 /// Spin-loop hint for retry loops (a no-op on the GPU; yields under loom).
@@ -32,7 +34,7 @@ pub fn spin_hint() {
 /// GPU-scoped atomics (`ld`/`st`/`atom` with `.gpu` scope and PTX memory
 /// orderings, sm_70 and newer). `#[repr(transparent)]` over the integer,
 /// like `core`'s atomics, so host and device agree on every layout.
-#[cfg(all(not(loom), target_arch = "nvptx64"))]
+#[cfg(all(not(loom), target_arch = "nvptx64", not(cuheap_sys_atomics)))]
 pub mod gpu {
     use core::arch::asm;
     use core::cell::UnsafeCell;
