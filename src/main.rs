@@ -39,6 +39,9 @@ enum Command {
         /// Only the given sizes in bytes, 0 for mixed (e.g. --sizes 16,64).
         #[arg(long, value_delimiter = ',')]
         sizes: Option<Vec<u32>>,
+        /// Skip CUDA's device malloc (it takes most of the run time).
+        #[arg(long)]
+        no_cuda: bool,
         /// Benchmark the kernels of this PTX file instead of the embedded one
         /// (e.g. a build with other settings).
         #[arg(long)]
@@ -74,6 +77,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             threads,
             sizes,
             ptx,
+            no_cuda,
         } => {
             let mut out = serde_json::Map::new();
             if which != Which::Device {
@@ -99,6 +103,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         if let Some(s) = sizes {
                             cfg.sizes = s;
                         }
+                        cfg.cuda = !no_cuda;
                         if let Some(path) = &ptx {
                             println!("kernels from {}", path.display());
                         }

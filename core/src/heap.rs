@@ -246,6 +246,7 @@ impl<'a, W: Word> Heap<'a, W> {
     /// several units long may still fit as a span of whole units (a small
     /// or fragmented heap); otherwise the failure is counted here.
     #[cold]
+    #[inline(never)]
     pub fn alloc_fallback(
         &self,
         size: usize,

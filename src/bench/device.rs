@@ -61,6 +61,8 @@ pub struct Config {
     /// Skip CUDA malloc where its first run exceeds this (ms): it scales
     /// badly, and cases of minutes are not worth a table cell.
     pub cuda_budget_ms: f64,
+    /// Run CUDA's device malloc too.
+    pub cuda: bool,
 }
 
 impl Default for Config {
@@ -73,6 +75,7 @@ impl Default for Config {
             heap_bytes: 20 << 30,
             cuda_heap_bytes: 4 << 30,
             cuda_budget_ms: 1500.0,
+            cuda: true,
         }
     }
 }
@@ -152,7 +155,7 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     }
     // CUDA malloc last and smallest first: skip a size once a smaller case
     // with the same thread count already blew the budget.
-    for &(t, s) in &cases {
+    for &(t, s) in cases.iter().filter(|_| cfg.cuda) {
         progress(&format!("CUDA malloc {t} x {}", size_name(s)));
         if expected_bytes(t, s) as f64 * 1.1 > cfg.cuda_heap_bytes as f64 {
             report.skipped.push(Skip {
