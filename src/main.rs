@@ -88,7 +88,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             if which != Which::Cpu {
                 let opened = match &ptx {
-                    Some(path) => cuheap::Gpu::open(&std::fs::read_to_string(path)?),
+                    Some(path) => cuheap::open_ptx(&std::fs::read_to_string(path)?),
                     None => cuheap::open_gpu(),
                 };
                 match opened {
@@ -107,6 +107,12 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         if let Some(path) = &ptx {
                             println!("kernels from {}", path.display());
                         }
+                        println!(
+                            "registers per thread: pair_cuheap {}, alloc_cuheap {}, free_cuheap {}",
+                            gpu.registers("pair_cuheap")?,
+                            gpu.registers("alloc_cuheap")?,
+                            gpu.registers("free_cuheap")?
+                        );
                         let bar = indicatif::ProgressBar::new_spinner();
                         bar.enable_steady_tick(std::time::Duration::from_millis(200));
                         let r = device::run(&gpu, &cfg, |step| bar.set_message(step.to_string()))?;

@@ -1,8 +1,7 @@
 //! The CUDA driver behind safe wrappers: raw `cudarc` calls stay here.
 
 use crate::error::{Context, Error, Result};
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
-use cudarc::nvrtc::Ptx;
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -26,31 +25,71 @@ pub fn driver_present() -> bool {
 
 /// One GPU: a context, a stream, and cuheap's kernels loaded from PTX.
 pub struct Gpu {
-    ctx: Arc<CudaContext>,
+    // Field order is drop order: the module goes before the context.
+    module: Module,
+    functions: Mutex<HashMap<String, Function>>,
     stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    ctx: Arc<CudaContext>,
     info: DeviceInfo,
 }
+
+/// Options for loading cuheap's PTX.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Cap on registers per thread for every kernel (`CU_JIT_MAX_REGISTERS`);
+    /// fewer registers, more warps per SM. `None`: the compiler decides.
+    pub max_registers: Option<u32>,
+}
+
+/// A loaded module (`cuModuleLoadDataEx`), unloaded on drop.
+struct Module(sys::CUmodule);
+
+// SAFETY: a CUmodule handle may be used from any thread of its context.
+unsafe impl Send for Module {}
+// SAFETY: as above; the driver serialises module calls.
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from cuModuleLoadDataEx and is unloaded once.
+        let _ = unsafe { sys::cuModuleUnload(self.0) };
+    }
+}
+
+/// A kernel of the loaded module.
+#[derive(Clone, Copy, Debug)]
+pub struct Function(sys::CUfunction);
+
+// SAFETY: a CUfunction handle may be used from any thread of its context.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
 
 impl Gpu {
     /// Opens GPU 0 and loads `ptx`. [`Error::NoDriver`]/[`Error::NoDevice`]
     /// on machines without one.
     pub fn open(ptx: &str) -> Result<Gpu> {
-        Self::open_with(|_| Ok(Ptx::from_src(ptx)))
+        Self::open_with_options(ptx, LoadOptions::default())
+    }
+
+    /// [`Gpu::open`] with load options (e.g. a register cap).
+    pub fn open_with_options(ptx: &str, options: LoadOptions) -> Result<Gpu> {
+        let text = std::ffi::CString::new(ptx)
+            .map_err(|_| Error::InvalidArgument("PTX with a NUL byte".into()))?;
+        Self::open_with(text.into_bytes_with_nul(), options)
     }
 
     /// Opens GPU 0 with one module JIT-linked from several PTX sources
     /// (`cuLink*`): how CUDA C/C++ code compiled with `-rdc` reaches
     /// `cuheap_malloc`/`cuheap_free` in cuheap's PTX.
     pub fn open_linked(ptx: &[&str]) -> Result<Gpu> {
-        Self::open_with(|ctx| {
-            ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-            link(ptx).map(Ptx::from_binary)
-        })
+        Self::open_context()?;
+        let cubin = link(ptx)?;
+        Self::open_with(cubin, LoadOptions::default())
     }
 
-    fn open_with(module: impl FnOnce(&Arc<CudaContext>) -> Result<Ptx>) -> Result<Gpu> {
+    /// Makes sure a driver and a device exist before any other driver call.
+    fn open_context() -> Result<Arc<CudaContext>> {
         if !driver_present() {
             return Err(Error::NoDriver);
         }
@@ -60,8 +99,15 @@ impl Gpu {
             return Err(Error::NoDevice("device count is 0".into()));
         }
         let ctx = CudaContext::new(0).during("cuCtxCreate")?;
+        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        Ok(ctx)
+    }
+
+    /// Opens GPU 0 and loads `image` (NUL-terminated PTX, or a cubin).
+    fn open_with(image: Vec<u8>, options: LoadOptions) -> Result<Gpu> {
+        let ctx = Self::open_context()?;
         let stream = ctx.default_stream();
-        let module = ctx.load_module(module(&ctx)?).during("cuModuleLoadData")?;
+        let module = load_module(&image, options)?;
         let mut version = 0i32;
         // SAFETY: writes one int.
         unsafe { sys::cuDriverGetVersion(&mut version) }
@@ -98,17 +144,37 @@ impl Gpu {
     }
 
     /// A kernel of the loaded PTX by name.
-    pub fn function(&self, name: &str) -> Result<CudaFunction> {
+    pub fn function(&self, name: &str) -> Result<Function> {
         let mut map = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = map.get(name) {
-            return Ok(f.clone());
+            return Ok(*f);
         }
-        let f = self
-            .module
-            .load_function(name)
+        let cname = std::ffi::CString::new(name).map_err(|_| Error::MissingKernel(name.into()))?;
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        // SAFETY: out-parameter; the module is loaded.
+        unsafe { sys::cuModuleGetFunction(&mut f, self.module.0, cname.as_ptr()) }
+            .result()
             .map_err(|_| Error::MissingKernel(name.into()))?;
-        map.insert(name.into(), f.clone());
-        Ok(f)
+        map.insert(name.into(), Function(f));
+        Ok(Function(f))
+    }
+
+    /// Registers per thread the driver compiled `kernel` with.
+    pub fn registers(&self, kernel: &str) -> Result<u32> {
+        let f = self.function(kernel)?;
+        let mut n = 0i32;
+        // SAFETY: out-parameter for a function of the loaded module.
+        unsafe {
+            sys::cuFuncGetAttribute(
+                &mut n,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS,
+                f.0,
+            )
+        }
+        .result()
+        .during("cuFuncGetAttribute")?;
+        Ok(n as u32)
     }
 
     /// Starts a launch of `kernel` over `threads` threads (256 per block).
@@ -170,24 +236,22 @@ impl Gpu {
 
     /// Writes `value` into the module global `name` (e.g. `cuheap_heap`).
     pub fn write_global<T: Copy>(&self, name: &str, value: &T) -> Result<()> {
-        let mut view = self
-            .module
-            .get_global(name, &self.stream)
+        let cname = std::ffi::CString::new(name).map_err(|_| Error::MissingKernel(name.into()))?;
+        let (mut dptr, mut bytes) = (0, 0usize);
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        // SAFETY: out-parameters for the loaded module's global.
+        unsafe { sys::cuModuleGetGlobal_v2(&mut dptr, &mut bytes, self.module.0, cname.as_ptr()) }
+            .result()
             .map_err(|_| Error::MissingKernel(name.into()))?;
-        let size = std::mem::size_of::<T>();
-        if view.len() != size {
+        if bytes != std::mem::size_of::<T>() {
             return Err(Error::InvalidArgument(format!(
-                "global `{name}` is {} bytes",
-                view.len()
+                "global `{name}` is {bytes} bytes"
             )));
         }
-        // SAFETY: T is plain data (`Copy`, `#[repr(C)]` at the call sites);
-        // its bytes are read, never interpreted.
-        let bytes = unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size) };
-        self.stream
-            .memcpy_htod(bytes, &mut view)
-            .during("cuMemcpyHtoD")?;
-        self.sync()
+        // SAFETY: `dptr` is a device global of exactly size_of::<T>() bytes;
+        // T is plain data (`Copy`, `#[repr(C)]` at the call sites).
+        unsafe { result::memcpy_htod_sync(dptr, std::slice::from_ref(value)) }
+            .during("cuMemcpyHtoD")
     }
 
     /// Times `work` with CUDA events on the stream; returns milliseconds.
@@ -200,6 +264,31 @@ impl Gpu {
         stop.record(&self.stream).during("cuEventRecord")?;
         start.elapsed_ms(&stop).during("cuEventElapsedTime")
     }
+}
+
+/// Loads a module image with the JIT options of `options`.
+fn load_module(image: &[u8], options: LoadOptions) -> Result<Module> {
+    let mut keys = Vec::new();
+    let mut vals: Vec<*mut std::ffi::c_void> = Vec::new();
+    if let Some(n) = options.max_registers {
+        keys.push(sys::CUjit_option::CU_JIT_MAX_REGISTERS);
+        vals.push(n as usize as *mut std::ffi::c_void);
+    }
+    let mut m: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `image` is a NUL-terminated PTX text or a cubin, alive for the
+    // call; the option arrays have the same length.
+    unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut m,
+            image.as_ptr() as *const _,
+            keys.len() as u32,
+            keys.as_mut_ptr(),
+            vals.as_mut_ptr(),
+        )
+    }
+    .result()
+    .during("cuModuleLoadDataEx")?;
+    Ok(Module(m))
 }
 
 /// JIT-links PTX sources into one cubin (the current context's device).
@@ -255,7 +344,7 @@ enum Arg {
 /// A kernel launch being put together: scalar arguments, then [`Launch::run`].
 pub struct Launch<'a> {
     gpu: &'a Gpu,
-    func: CudaFunction,
+    func: Function,
     threads: u32,
     args: Vec<Arg>,
 }
@@ -298,7 +387,7 @@ impl Launch<'_> {
         // live values of the kernel's parameter types for the call.
         unsafe {
             result::launch_kernel(
-                self.func.cu_function(),
+                self.func.0,
                 (blocks, 1, 1),
                 (256, 1, 1),
                 0,

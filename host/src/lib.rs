@@ -16,5 +16,5 @@ pub mod error;
 
 pub use cuheap_core::{HeapHandle, Stats};
 pub use device_heap::DeviceHeap;
-pub use driver::{DeviceInfo, DeviceMemory, Gpu, Launch};
+pub use driver::{DeviceInfo, DeviceMemory, Function, Gpu, Launch, LoadOptions};
 pub use error::{Error, Result};
