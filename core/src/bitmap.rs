@@ -59,7 +59,7 @@ impl<'a, W: Word> Bitmap<'a, W> {
     #[inline(always)]
     pub fn release(&self, word: u32, mask: W) -> W {
         // Release: the caller's writes to the blocks happen before the next claim.
-        let old = W::fetch_or(&self.words[word as usize], mask, Ordering::AcqRel);
+        let old = W::fetch_or(&self.words[word as usize], mask, Ordering::Release);
         old & mask
     }
 

@@ -271,7 +271,8 @@ impl<'a, W: Word> Heap<'a, W> {
         }
         let cache = self.slot_cache(class, slot);
         loop {
-            let cur = cache.load(Ordering::Acquire);
+            // Relaxed: the `take` below acquires the page's state.
+            let cur = cache.load(Ordering::Relaxed);
             if cur == INSTALLING {
                 spin_hint();
                 continue;
@@ -292,7 +293,9 @@ impl<'a, W: Word> Heap<'a, W> {
                 self.return_blocks(page, want - got, slot);
             }
             if got > 0 {
-                if d.kind() == Kind::Class(class) {
+                // Relaxed: `take` (AcqRel) synchronised with the activation
+                // that wrote the kind before its release.
+                if decode_kind(d.kind.load(Ordering::Relaxed)) == Kind::Class(class) {
                     let cap = blocks_per_page(class);
                     return Ok(Grant {
                         page,
