@@ -1,7 +1,7 @@
 //! The `cuheap` command line: device information, benchmarks, demos.
 
 use clap::{Parser, Subcommand};
-use cuheap::bench::{cpu, device, report};
+use cuheap::bench::{cpu, device, host, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,7 +20,8 @@ struct Cli {
 enum Command {
     /// The GPU, driver, CUDA version and the embedded PTX's kernels.
     Info,
-    /// Benchmarks: `cpu` (any machine), `device` (in-kernel allocation), or all.
+    /// Benchmarks: `cpu` (any machine), `device` (in-kernel allocation),
+    /// `host` (the host pool against CUDA's allocators), or all.
     Bench {
         #[arg(value_enum, default_value = "all")]
         which: Which,
@@ -54,6 +55,7 @@ enum Which {
     All,
     Cpu,
     Device,
+    Host,
 }
 
 fn main() -> ExitCode {
@@ -80,13 +82,13 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             no_cuda,
         } => {
             let mut out = serde_json::Map::new();
-            if which != Which::Device {
+            if which == Which::All || which == Which::Cpu {
                 println!("## Host threads on cuheap-core\n");
                 let rows = cpu::run(2_000_000);
                 println!("{}", cpu::table(&rows));
                 out.insert("cpu".into(), serde_json::to_value(&rows)?);
             }
-            if which != Which::Cpu {
+            if which == Which::All || which == Which::Device {
                 let opened = match &ptx {
                     Some(path) => cuheap::open_ptx(&std::fs::read_to_string(path)?),
                     None => cuheap::open_gpu(),
@@ -128,6 +130,25 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         if which == Which::All =>
                     {
                         println!("GPU benchmarks skipped: {e}");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if which == Which::All || which == Which::Host {
+                match cuheap::open_gpu() {
+                    Ok(gpu) => {
+                        let bar = indicatif::ProgressBar::new_spinner();
+                        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+                        let r = host::run(&gpu, |step| bar.set_message(step.to_string()))?;
+                        bar.finish_and_clear();
+                        println!("## Host pool\n");
+                        println!("{}", host::table(&r));
+                        out.insert("host".into(), serde_json::to_value(&r)?);
+                    }
+                    Err(e @ (cuheap::Error::NoDriver | cuheap::Error::NoDevice(_)))
+                        if which == Which::All =>
+                    {
+                        println!("host-pool benchmarks skipped: {e}");
                     }
                     Err(e) => return Err(e.into()),
                 }

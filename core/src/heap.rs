@@ -177,6 +177,31 @@ impl<'a, W: Word> Heap<'a, W> {
         self.page_count
     }
 
+    /// Pages new pages and spans may come from: `0..limit()`.
+    #[inline(always)]
+    pub fn limit(&self) -> u32 {
+        let l = self.counters.page_limit.load(Ordering::Relaxed);
+        if l == 0 || l > self.page_count as u64 {
+            self.page_count
+        } else {
+            l as u32
+        }
+    }
+
+    /// Sets the usable pages to `0..pages` (clamped to the heap). Lowering
+    /// it stops new claims above the limit; pages in use there stay valid.
+    pub fn set_limit(&self, pages: u32) {
+        self.counters
+            .page_limit
+            .store(pages.min(self.page_count).max(1) as u64, Ordering::Release);
+    }
+
+    /// Whether any page in `from..to` is in use (a snapshot).
+    pub fn any_in_use(&self, from: u32, to: u32) -> bool {
+        let map = PageMap::new(self.page_map);
+        (from..to.min(self.page_count)).any(|p| map.is_set(p))
+    }
+
     pub fn counters(&self) -> &Counters {
         self.counters
     }
@@ -381,7 +406,7 @@ impl<'a, W: Word> Heap<'a, W> {
                 return Some(p);
             }
         }
-        let hint = slot.wrapping_mul(0x9E37_79B9) % self.page_count;
+        let hint = slot.wrapping_mul(0x9E37_79B9) % self.limit();
         if let Some(p) = self.claim_units(page_units(class), hint) {
             self.activate(p, class);
             return Some(p);
@@ -404,9 +429,9 @@ impl<'a, W: Word> Heap<'a, W> {
     fn claim_units(&self, units: u32, hint: u32) -> Option<u32> {
         let map = PageMap::new(self.page_map);
         if units == 1 {
-            map.claim_one(hint, self.page_count)
+            map.claim_one(hint, self.limit())
         } else {
-            map.claim_run(units, self.page_count, hint)
+            map.claim_run(units, self.limit(), hint)
         }
     }
 
@@ -552,10 +577,11 @@ impl<'a, W: Word> Heap<'a, W> {
         }
         let map = PageMap::new(self.page_map);
         // Each slot starts its search in its own part of the heap.
-        let hint = (slot % self.slots) as u64 * self.page_count as u64 / self.slots as u64;
-        let mut start = map.claim_run(pages as u32, self.page_count, hint as u32);
+        let limit = self.limit();
+        let hint = (slot % self.slots) as u64 * limit as u64 / self.slots as u64;
+        let mut start = map.claim_run(pages as u32, limit, hint as u32);
         if start.is_none() && self.scavenge() > 0 {
-            start = map.claim_run(pages as u32, self.page_count, 0);
+            start = map.claim_run(pages as u32, limit, 0);
         }
         let Some(start) = start else {
             return Err(self.fail(AllocError::OutOfMemory));

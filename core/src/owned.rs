@@ -148,6 +148,24 @@ mod tests {
     }
 
     #[test]
+    fn page_limit_bounds_claims_and_can_grow() {
+        let h = OwnedHeap::<u64>::new(8, 1).unwrap();
+        let heap = h.heap();
+        heap.set_limit(2);
+        let a = heap.alloc(PAGE_SIZE, 0).unwrap();
+        let b = heap.alloc(PAGE_SIZE, 0).unwrap();
+        assert_eq!(heap.alloc(PAGE_SIZE, 0), Err(AllocError::OutOfMemory));
+        assert!(heap.any_in_use(0, 2) && !heap.any_in_use(2, 8));
+        heap.set_limit(8);
+        let c = heap.alloc(3 * PAGE_SIZE, 0).unwrap();
+        assert!(c as usize >= a.max(b) as usize + PAGE_SIZE);
+        for p in [a, b, c] {
+            heap.free(p, 0).unwrap();
+        }
+        heap.check_invariants().unwrap();
+    }
+
+    #[test]
     fn exhaustion_returns_error_and_recovers() {
         let h = OwnedHeap::<u64>::new(2, 1).unwrap();
         let heap = h.heap();

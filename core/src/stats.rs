@@ -18,7 +18,10 @@ pub struct Counters {
     pub pages_retired: AtomicU64,
     pub spans_allocated: AtomicU64,
     pub spans_freed: AtomicU64,
-    pad: [u64; 2],
+    /// Pages the heap may use, counted from the start (0: all of them). A
+    /// pool raises it as it maps memory behind more of a reserved range.
+    pub page_limit: AtomicU64,
+    pad: [u64; 1],
 }
 
 impl Counters {
@@ -30,7 +33,8 @@ impl Counters {
             pages_retired: AtomicU64::new(0),
             spans_allocated: AtomicU64::new(0),
             spans_freed: AtomicU64::new(0),
-            pad: [0; 2],
+            page_limit: AtomicU64::new(0),
+            pad: [0; 1],
         }
     }
 

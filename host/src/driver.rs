@@ -184,6 +184,7 @@ impl Gpu {
             func: self.function(kernel)?,
             threads,
             args: Vec::new(),
+            stream: None,
         })
     }
 
@@ -347,6 +348,7 @@ pub struct Launch<'a> {
     func: Function,
     threads: u32,
     args: Vec<Arg>,
+    stream: Option<sys::CUstream>,
 }
 
 impl Launch<'_> {
@@ -358,6 +360,12 @@ impl Launch<'_> {
     /// A 64-bit value or a device pointer.
     pub fn u64(mut self, v: u64) -> Self {
         self.args.push(Arg::U64(v));
+        self
+    }
+
+    /// Launches on `stream` instead of the GPU's default stream.
+    pub fn on(mut self, stream: &CudaStream) -> Self {
+        self.stream = Some(stream.cu_stream());
         self
     }
 
@@ -391,7 +399,7 @@ impl Launch<'_> {
                 (blocks, 1, 1),
                 (256, 1, 1),
                 0,
-                self.gpu.stream.cu_stream(),
+                self.stream.unwrap_or(self.gpu.stream.cu_stream()),
                 &mut params,
             )
         }

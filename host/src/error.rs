@@ -25,6 +25,19 @@ pub enum Error {
         reserved: usize,
         free: usize,
     },
+    #[error(
+        "pool out of memory: asked for {requested} bytes; {reserved} bytes mapped of a {limit}-byte reservation, \
+         {in_use} in use, {cached} cached, largest free run {largest_free} bytes; free buffers, call trim(), \
+         or create the pool with a larger reservation"
+    )]
+    PoolExhausted {
+        requested: usize,
+        reserved: usize,
+        in_use: usize,
+        cached: usize,
+        largest_free: usize,
+        limit: usize,
+    },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("kernel `{0}` is not in the loaded PTX")]

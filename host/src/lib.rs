@@ -9,12 +9,19 @@
 //!    a machine without a GPU gets [`Error::NoDriver`], never a panic.
 //! 3. [`device_heap`]: [`DeviceHeap`], the memory behind the in-kernel
 //!    heap, its handle for kernels and its statistics.
+//! 4. [`vmm`], [`reclaim`], [`stream_pool`]: the host pool ([`Pool`]):
+//!    a reserved address range mapped as it grows, pooled events, and
+//!    stream-ordered allocation with per-stream caches.
 
 pub mod device_heap;
 pub mod driver;
 pub mod error;
+pub mod reclaim;
+pub mod stream_pool;
+pub mod vmm;
 
 pub use cuheap_core::{HeapHandle, Stats};
 pub use device_heap::DeviceHeap;
 pub use driver::{DeviceInfo, DeviceMemory, Function, Gpu, Launch, LoadOptions};
 pub use error::{Error, Result};
+pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};

@@ -19,6 +19,8 @@ extern "C" {
     fn nvvm_ctaid_x() -> u32;
     #[link_name = "llvm.nvvm.read.ptx.sreg.ntid.x"]
     fn nvvm_ntid_x() -> u32;
+    #[link_name = "llvm.nvvm.read.ptx.sreg.nctaid.x"]
+    fn nvvm_nctaid_x() -> u32;
     #[link_name = "llvm.nvvm.membar.gl"]
     fn nvvm_membar_gl();
 }
@@ -71,9 +73,25 @@ pub fn global_thread() -> u32 {
     unsafe { nvvm_ctaid_x() * nvvm_ntid_x() + nvvm_tid_x() }
 }
 
+/// Threads in the whole (1-D) grid.
+#[inline(always)]
+pub fn grid_threads() -> u32 {
+    // SAFETY: reads special registers.
+    unsafe { nvvm_nctaid_x() * nvvm_ntid_x() }
+}
+
 /// Orders this thread's memory accesses for all threads of the GPU.
 #[inline(always)]
 pub fn fence_gpu() {
     // SAFETY: a memory barrier has no other effect.
     unsafe { nvvm_membar_gl() }
+}
+
+/// Nanoseconds of the GPU's global timer.
+#[inline(always)]
+pub fn globaltimer() -> u64 {
+    let t: u64;
+    // SAFETY: reads a special register.
+    unsafe { core::arch::asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t) };
+    t
 }

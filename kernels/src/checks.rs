@@ -235,3 +235,46 @@ pub unsafe extern "ptx-kernel" fn stress_heap(
         }
     }
 }
+
+/// Spins for `spin_ns` nanoseconds, then writes `value` to `x[0..n]`: a
+/// slow producer for the host pool's cross-stream tests.
+///
+/// # Safety
+///
+/// `x` holds `n` values.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn spin_fill(x: *mut u32, n: u32, value: u32, spin_ns: u64) {
+    let start = crate::arch::globaltimer();
+    while crate::arch::globaltimer().wrapping_sub(start) < spin_ns {}
+    let mut i = global_thread();
+    let stride = crate::arch::grid_threads();
+    while i < n {
+        // SAFETY: i < n.
+        unsafe { x.add(i as usize).write_volatile(value) };
+        i += stride;
+    }
+}
+
+/// Counts the values of `x[0..n]` that are not `expect` (`errors[0]`),
+/// then writes `value` over them.
+///
+/// # Safety
+///
+/// `x` holds `n` values; `errors` points to a `u32`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn check_fill(x: *mut u32, n: u32, expect: u32, value: u32, errors: *mut u32) {
+    let mut i = global_thread();
+    let stride = crate::arch::grid_threads();
+    while i < n {
+        // SAFETY: i < n.
+        let p = unsafe { x.add(i as usize) };
+        // SAFETY: as above.
+        if unsafe { p.read_volatile() } != expect {
+            // SAFETY: forwarded from the caller.
+            unsafe { error(errors, 0) };
+        }
+        // SAFETY: as above.
+        unsafe { p.write_volatile(value) };
+        i += stride;
+    }
+}

@@ -7,7 +7,7 @@
 //! - [`bench`]: benchmark kernels (cuheap, CUDA's malloc, a bump ceiling).
 //! - [`checks`]: kernels the GPU tests use (conformance, fill-and-check).
 #![no_std]
-#![feature(abi_ptx, stdarch_nvptx, link_llvm_intrinsics)]
+#![feature(abi_ptx, stdarch_nvptx, link_llvm_intrinsics, asm_experimental_arch)]
 #![allow(internal_features)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 

@@ -1,9 +1,11 @@
 //! The benchmarks behind `cuheap bench`: host threads on `cuheap-core`
-//! ([`cpu`]) and in-kernel allocation on the GPU ([`device`]), reported as
+//! ([`cpu`]), in-kernel allocation on the GPU ([`device`]) and the host pool
+//! against CUDA's allocators ([`host`]), reported as
 //! a table, JSON and an SVG chart ([`report`]).
 
 pub mod cpu;
 pub mod device;
+pub mod host;
 pub mod report;
 
 /// Median of a non-empty sample (the mean of the middle two for even sizes).

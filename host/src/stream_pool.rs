@@ -1,0 +1,669 @@
+//! The host pool: stream-ordered device memory.
+//!
+//! - Blocks come from a `cuheap-core` heap whose metadata lives in host
+//!   memory and whose pages are device addresses in a [`VmmRegion`]: size
+//!   classes up to 64 KiB, spans of whole 64 KiB pages above (the page map
+//!   coalesces free neighbours), no list scans.
+//! - Each stream has a cache of blocks freed on it, by size: reuse on the
+//!   same stream is immediate, because stream order already puts the new
+//!   user after the old one.
+//! - Another stream takes cached blocks by recording a pooled event on the
+//!   owner stream and making itself wait on it (`cuStreamWaitEvent`): the
+//!   GPU orders the two, the host never waits.
+//! - When the heap is full the region maps more memory; when that fails,
+//!   the caches are returned to the heap (waiting for their streams'
+//!   events) before an out-of-memory error is returned.
+
+use crate::error::{Error, Result};
+use crate::reclaim::{Event, EventPool};
+use crate::vmm::VmmRegion;
+use cudarc::driver::{sys, CudaContext, CudaStream};
+use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
+use cuheap_core::{Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Every block is at least this aligned (like `cudaMalloc`).
+pub const ALIGN: usize = 256;
+/// Slots of the backing heap (host threads hash onto them).
+const SLOTS: u32 = 64;
+/// Blocks taken from another stream's cache at once.
+const STEAL_BATCH: usize = 32;
+/// Shards of the live-block table.
+const SHARDS: usize = 32;
+
+/// Pool settings.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Address space reserved up front; the pool never holds more.
+    pub reserve: usize,
+    /// Physical memory mapped at creation.
+    pub initial: usize,
+    /// Mapping unit (rounded to the device's granularity, usually 2 MiB).
+    pub chunk: usize,
+    /// Bytes [`Pool::synchronize`] leaves mapped (CUDA's release threshold).
+    pub release_threshold: usize,
+}
+
+impl PoolConfig {
+    /// A pool that may grow to `reserve` bytes.
+    pub fn new(reserve: usize) -> PoolConfig {
+        PoolConfig {
+            reserve,
+            initial: 64 << 20,
+            chunk: 32 << 20,
+            release_threshold: usize::MAX,
+        }
+    }
+}
+
+/// A snapshot of a pool.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolStats {
+    /// Bytes of physical memory mapped.
+    pub reserved: usize,
+    /// Bytes handed out and not freed (block sizes).
+    pub in_use: usize,
+    pub peak_in_use: usize,
+    /// Bytes freed and cached, per stream (handle as an integer).
+    pub cached_per_stream: Vec<(usize, usize)>,
+    /// 1 - largest free run / free bytes of the mapped heap (0 = none).
+    pub fragmentation: f64,
+    pub allocs: u64,
+    pub frees: u64,
+    /// Blocks reused on the stream that freed them.
+    pub same_stream_reuse: u64,
+    /// Blocks taken from another stream's cache (with an event wait).
+    pub cross_stream_reuse: u64,
+    pub grows: u64,
+    pub flushes: u64,
+    pub bad_frees: u64,
+}
+
+/// Where a block's size comes from: a class, or a span of pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Class(u32),
+    Span(u32),
+}
+
+impl Key {
+    fn of(size: usize) -> Key {
+        let size = size.div_ceil(ALIGN) * ALIGN;
+        match class_of(size) {
+            Some(c) => Key::Class(c),
+            None => Key::Span(size.div_ceil(PAGE_SIZE) as u32),
+        }
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            Key::Class(c) => class_size(c) as usize,
+            Key::Span(p) => p as usize * PAGE_SIZE,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Cache {
+    free: HashMap<Key, Vec<u64>>,
+    bytes: usize,
+    /// Blocks were freed since `event` was last recorded.
+    dirty: bool,
+    event: Option<Event>,
+}
+
+struct StreamCache {
+    stream: sys::CUstream,
+    cache: Mutex<Cache>,
+}
+
+// SAFETY: the stream handle is only passed to the driver; the cache is behind a mutex.
+unsafe impl Send for StreamCache {}
+// SAFETY: as above.
+unsafe impl Sync for StreamCache {}
+
+impl StreamCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Host metadata of the backing heap (zeroed, 128-byte aligned).
+struct HostMeta {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: only reached through `Heap` views (atomics).
+unsafe impl Send for HostMeta {}
+// SAFETY: as above.
+unsafe impl Sync for HostMeta {}
+
+impl Drop for HostMeta {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `Pool::new`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// Stream-ordered device memory. Thread-safe; share it with `Arc`.
+pub struct Pool {
+    // Drop order: the region (device memory) after everything using it.
+    caches: RwLock<HashMap<usize, Arc<StreamCache>>>,
+    live: Vec<Mutex<HashMap<u64, Key>>>,
+    events: EventPool,
+    handle: HeapHandle,
+    _meta: HostMeta,
+    region: VmmRegion,
+    ctx: Arc<CudaContext>,
+    grow_lock: Mutex<()>,
+    release_threshold: usize,
+    in_use: AtomicUsize,
+    peak: AtomicUsize,
+    counts: [AtomicU64; 7],
+}
+
+const ALLOCS: usize = 0;
+const FREES: usize = 1;
+const SAME: usize = 2;
+const CROSS: usize = 3;
+const GROWS: usize = 4;
+const FLUSHES: usize = 5;
+const BAD: usize = 6;
+
+fn thread_slot() -> u32 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::thread::current().id().hash(&mut h);
+    h.finish() as u32
+}
+
+impl Pool {
+    /// A pool on `ctx`'s device.
+    pub fn new(ctx: &Arc<CudaContext>, cfg: PoolConfig) -> Result<Pool> {
+        if cfg.reserve < PAGE_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "pool reserve of {} bytes",
+                cfg.reserve
+            )));
+        }
+        let region = VmmRegion::new(ctx, cfg.reserve, cfg.chunk)?;
+        let pages = (region.reserved() / PAGE_SIZE).min(u32::MAX as usize / 2) as u32;
+        let layout = Layout::new(pages, SLOTS);
+        let alloc_layout = std::alloc::Layout::from_size_align(layout.meta_bytes, 128)
+            .map_err(|_| Error::InvalidArgument("pool metadata layout".into()))?;
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(alloc_layout) };
+        if ptr.is_null() {
+            return Err(Error::InvalidArgument(
+                "no host memory for the pool's metadata".into(),
+            ));
+        }
+        let meta = HostMeta {
+            ptr,
+            layout: alloc_layout,
+        };
+        let handle = HeapHandle {
+            meta: ptr as usize as u64,
+            data: region.base(),
+            page_count: pages,
+            slots: SLOTS,
+        };
+        let pool = Pool {
+            caches: RwLock::new(HashMap::new()),
+            live: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            events: EventPool::default(),
+            handle,
+            _meta: meta,
+            region,
+            ctx: ctx.clone(),
+            grow_lock: Mutex::new(()),
+            release_threshold: cfg.release_threshold,
+            in_use: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            counts: Default::default(),
+        };
+        pool.heap().set_limit(1);
+        pool.grow(cfg.initial.max(1))?;
+        Ok(pool)
+    }
+
+    fn heap(&self) -> Heap<'_, u64> {
+        // SAFETY: `handle.meta` is this pool's zeroed host metadata sized by
+        // `Layout`, `handle.data` the reserved region (64 KiB aligned: the
+        // reservation is chunk-aligned); both live as long as `self`. The
+        // heap only computes device addresses, it never touches them.
+        unsafe { Heap::from_handle(&self.handle) }
+    }
+
+    fn bump(&self, which: usize) {
+        self.counts[which].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn shard(&self, ptr: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Key>> {
+        let i = ((ptr >> 8) as usize ^ (ptr >> 20) as usize) % SHARDS;
+        self.live[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cache(&self, stream: sys::CUstream) -> Arc<StreamCache> {
+        let id = stream as usize;
+        if let Some(c) = self
+            .caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+        {
+            return c.clone();
+        }
+        let mut w = self.caches.write().unwrap_or_else(|p| p.into_inner());
+        w.entry(id)
+            .or_insert_with(|| {
+                Arc::new(StreamCache {
+                    stream,
+                    cache: Mutex::new(Cache::default()),
+                })
+            })
+            .clone()
+    }
+
+    /// Allocates `size` bytes for use on `stream` (256-byte aligned).
+    pub fn alloc(&self, size: usize, stream: &CudaStream) -> Result<u64> {
+        self.alloc_raw(size, stream.cu_stream())
+    }
+
+    /// [`Pool::alloc`] on a raw stream handle.
+    fn alloc_raw(&self, size: usize, stream: sys::CUstream) -> Result<u64> {
+        if size == 0 {
+            return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
+        }
+        if size > self.region.reserved() {
+            return Err(self.exhausted(size));
+        }
+        let key = Key::of(size);
+        let own = self.cache(stream);
+        let ptr = match self.take_cached(&own, key) {
+            Some(p) => {
+                self.bump(SAME);
+                p
+            }
+            None => match self.steal(&own, key)? {
+                Some(p) => {
+                    self.bump(CROSS);
+                    p
+                }
+                None => self.fresh(key)?,
+            },
+        };
+        self.shard(ptr).insert(ptr, key);
+        let now = self.in_use.fetch_add(key.bytes(), Ordering::Relaxed) + key.bytes();
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        self.bump(ALLOCS);
+        Ok(ptr)
+    }
+
+    /// Frees a block on `stream`: later work on `stream` may reuse it at
+    /// once; other streams only after the GPU finishes `stream`'s work up
+    /// to now. Pointers this pool did not hand out (or already freed) are
+    /// refused with an error and counted.
+    pub fn free(&self, ptr: u64, stream: &CudaStream) -> Result<()> {
+        self.free_raw(ptr, stream.cu_stream())
+    }
+
+    /// [`Pool::free`] with a raw stream handle.
+    fn free_raw(&self, ptr: u64, stream: sys::CUstream) -> Result<()> {
+        let Some(key) = self.shard(ptr).remove(&ptr) else {
+            self.bump(BAD);
+            return Err(Error::InvalidArgument(format!(
+                "free of {ptr:#x}: not a live block of this pool"
+            )));
+        };
+        self.in_use.fetch_sub(key.bytes(), Ordering::Relaxed);
+        let own = self.cache(stream);
+        let mut c = own.lock();
+        c.free.entry(key).or_default().push(ptr);
+        c.bytes += key.bytes();
+        c.dirty = true;
+        drop(c);
+        self.bump(FREES);
+        Ok(())
+    }
+
+    fn take_cached(&self, sc: &StreamCache, key: Key) -> Option<u64> {
+        let mut c = sc.lock();
+        let p = c.free.get_mut(&key)?.pop()?;
+        c.bytes -= key.bytes();
+        Some(p)
+    }
+
+    /// Takes blocks of `key` from another stream's cache: records (or
+    /// reuses) an event on that stream and makes ours wait for it.
+    fn steal(&self, own: &StreamCache, key: Key) -> Result<Option<u64>> {
+        let others: Vec<Arc<StreamCache>> = self
+            .caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|c| c.stream != own.stream)
+            .cloned()
+            .collect();
+        for other in others {
+            let mut c = other.lock();
+            let Some(list) = c.free.get_mut(&key) else {
+                continue;
+            };
+            if list.is_empty() {
+                continue;
+            }
+            let n = list.len().min(STEAL_BATCH);
+            let taken: Vec<u64> = list.split_off(list.len() - n);
+            c.bytes -= n * key.bytes();
+            if c.dirty || c.event.is_none() {
+                let e = match c.event.take() {
+                    Some(e) => e,
+                    None => self.events.get()?,
+                };
+                e.record(other.stream)?;
+                c.event = Some(e);
+                c.dirty = false;
+            }
+            if let Some(e) = &c.event {
+                e.wait_on(own.stream)?;
+            }
+            drop(c);
+            let (first, rest) = taken
+                .split_first()
+                .map(|(f, r)| (*f, r.to_vec()))
+                .unwrap_or((0, Vec::new()));
+            if !rest.is_empty() {
+                let mut mine = own.lock();
+                mine.bytes += rest.len() * key.bytes();
+                mine.free.entry(key).or_default().extend(rest);
+            }
+            return Ok(Some(first));
+        }
+        Ok(None)
+    }
+
+    /// A block from the heap: grow the mapping, then return the caches to
+    /// the heap, before giving up.
+    fn fresh(&self, key: Key) -> Result<u64> {
+        let heap = self.heap();
+        let size = key.bytes();
+        let slot = thread_slot();
+        if let Ok(p) = heap.alloc(size, slot) {
+            return Ok(p as usize as u64);
+        }
+        // Grow: at least the request plus a page per class page, or a chunk.
+        let need = size
+            + if size <= MAX_CLASS_SIZE {
+                16 * PAGE_SIZE
+            } else {
+                0
+            };
+        let grown = {
+            let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let mapped = self.region.mapped();
+            self.grow(mapped + need.max(self.region.chunk()).max(mapped / 8))
+                .is_ok()
+        };
+        if grown {
+            if let Ok(p) = heap.alloc(size, slot) {
+                return Ok(p as usize as u64);
+            }
+        }
+        // Under pressure: every cache back to the heap, then one more try.
+        self.flush_all()?;
+        heap.scavenge();
+        heap.alloc(size, slot)
+            .map(|p| p as usize as u64)
+            .map_err(|_| self.exhausted(size))
+    }
+
+    fn grow(&self, bytes: usize) -> Result<()> {
+        let mapped = self.region.grow_to(bytes.min(self.region.reserved()))?;
+        self.heap().set_limit((mapped / PAGE_SIZE) as u32);
+        self.bump(GROWS);
+        Ok(())
+    }
+
+    fn exhausted(&self, requested: usize) -> Error {
+        let s = self.stats();
+        let largest = self.largest_free_run();
+        Error::PoolExhausted {
+            requested,
+            reserved: s.reserved,
+            in_use: s.in_use,
+            cached: s.cached_per_stream.iter().map(|c| c.1).sum(),
+            largest_free: largest,
+            limit: self.region.reserved(),
+        }
+    }
+
+    /// Returns every stream's cache to the heap, waiting (on the host) for
+    /// each stream's work up to now. Used under memory pressure, by
+    /// [`Pool::trim`] and [`Pool::release_stream`].
+    fn flush_all(&self) -> Result<()> {
+        let all: Vec<Arc<StreamCache>> = self
+            .caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for sc in all {
+            self.flush(&sc)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self, sc: &StreamCache) -> Result<()> {
+        let blocks: Vec<u64> = {
+            let mut c = sc.lock();
+            if c.bytes == 0 {
+                return Ok(());
+            }
+            c.bytes = 0;
+            c.dirty = false;
+            c.free.drain().flat_map(|(_, v)| v).collect()
+        };
+        let e = self.events.get()?;
+        e.record(sc.stream)?;
+        e.synchronize()?;
+        self.events.put(e);
+        let heap = self.heap();
+        for p in blocks {
+            let _ = heap.free(p as usize as *mut u8, thread_slot());
+        }
+        self.bump(FLUSHES);
+        Ok(())
+    }
+
+    /// Waits for `stream`, returns its cache to the heap and forgets the
+    /// stream. Call before destroying a stream the pool has seen.
+    pub fn release_stream(&self, stream: &CudaStream) -> Result<()> {
+        let id = stream.cu_stream() as usize;
+        let sc = self
+            .caches
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        if let Some(sc) = sc {
+            self.flush(&sc)?;
+            if let Some(e) = sc.lock().event.take() {
+                self.events.put(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for `stream`, returns all caches to the heap and unmaps
+    /// physical memory until at most `keep` bytes stay mapped (memory in
+    /// use is never unmapped).
+    pub fn trim(&self, keep: usize) -> Result<usize> {
+        self.flush_all()?;
+        let heap = self.heap();
+        heap.scavenge();
+        let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let chunk = self.region.chunk();
+        let mut mapped = self.region.mapped();
+        while mapped > keep.max(chunk) {
+            let from = ((mapped - chunk) / PAGE_SIZE) as u32;
+            // Stop new claims in the chunk, then check nobody holds a page there.
+            heap.set_limit(from);
+            if heap.any_in_use(from, (mapped / PAGE_SIZE) as u32) {
+                heap.set_limit((mapped / PAGE_SIZE) as u32);
+                break;
+            }
+            mapped = self.region.shrink_to(mapped - chunk)?;
+        }
+        heap.set_limit((mapped / PAGE_SIZE) as u32);
+        Ok(mapped)
+    }
+
+    /// CUDA's release-threshold behaviour: trim to the configured threshold.
+    pub fn synchronize(&self) -> Result<usize> {
+        self.trim(self.release_threshold)
+    }
+
+    fn largest_free_run(&self) -> usize {
+        let heap = self.heap();
+        let limit = heap.limit();
+        let (mut best, mut run) = (0u32, 0u32);
+        for p in 0..limit {
+            if heap.any_in_use(p, p + 1) {
+                run = 0;
+            } else {
+                run += 1;
+                best = best.max(run);
+            }
+        }
+        best as usize * PAGE_SIZE
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let cached_per_stream: Vec<(usize, usize)> = self
+            .caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, sc)| (*id, sc.lock().bytes))
+            .collect();
+        let heap = self.heap();
+        let limit = heap.limit();
+        let free_pages = (0..limit).filter(|&p| !heap.any_in_use(p, p + 1)).count();
+        let free_bytes = free_pages * PAGE_SIZE;
+        let largest = self.largest_free_run();
+        let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        PoolStats {
+            reserved: self.region.mapped(),
+            in_use: self.in_use.load(Ordering::Relaxed),
+            peak_in_use: self.peak.load(Ordering::Relaxed),
+            cached_per_stream,
+            fragmentation: if free_bytes == 0 {
+                0.0
+            } else {
+                1.0 - largest as f64 / free_bytes as f64
+            },
+            allocs: c(ALLOCS),
+            frees: c(FREES),
+            same_stream_reuse: c(SAME),
+            cross_stream_reuse: c(CROSS),
+            grows: c(GROWS),
+            flushes: c(FLUSHES),
+            bad_frees: c(BAD),
+        }
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Work still queued may use pool memory: wait before unmapping.
+        let _ = self.ctx.synchronize();
+    }
+}
+
+/// A typed device buffer from a [`Pool`], freed on its stream when dropped.
+pub struct DeviceBuffer<T> {
+    ptr: u64,
+    len: usize,
+    stream: Arc<CudaStream>,
+    pool: Arc<Pool>,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T> DeviceBuffer<T> {
+    /// Room for `len` values of `T` on `stream`.
+    pub fn new(pool: &Arc<Pool>, len: usize, stream: &Arc<CudaStream>) -> Result<Self> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow")))?;
+        let ptr = pool.alloc(bytes.max(1), stream)?;
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            stream: stream.clone(),
+            pool: pool.clone(),
+            _t: std::marker::PhantomData,
+        })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        // A buffer is freed once, by construction; an error cannot leave drop.
+        let _ = self.pool.free(self.ptr, &self.stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_to_256_and_cover_the_request() {
+        for size in [
+            1usize,
+            16,
+            255,
+            256,
+            257,
+            1000,
+            4096,
+            65_536,
+            65_537,
+            1 << 20,
+            (64 << 20) + 1,
+        ] {
+            let k = Key::of(size);
+            assert!(k.bytes() >= size, "{size}");
+            assert_eq!(
+                k.bytes() % ALIGN,
+                0,
+                "{size} -> {k:?} is not a multiple of 256"
+            );
+        }
+        assert_eq!(Key::of(64 << 20), Key::Span(1024));
+    }
+}

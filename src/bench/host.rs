@@ -1,0 +1,408 @@
+//! `cuheap bench host`: allocation calls from the CPU, in one process, for
+//! the cuheap pool, `cuMemAlloc`/`cuMemFree` (cudaMalloc/cudaFree) and
+//! `cuMemAllocAsync`/`cuMemFreeAsync` on the device's default pool with its
+//! release threshold raised to the maximum (warm). Host clocks around each
+//! call; p50/p99 of per-call times, throughput for the threaded cases.
+
+use crate::host::{Pool, PoolConfig};
+use crate::{Error, Gpu, Result};
+use cudarc::driver::{result, sys, CudaStream};
+use serde::Serialize;
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+/// Per-call latencies of one allocator on one case, in microseconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Latency {
+    pub allocator: &'static str,
+    pub case: String,
+    pub alloc_p50_us: f64,
+    pub alloc_p99_us: f64,
+    pub free_p50_us: f64,
+    pub free_p99_us: f64,
+}
+
+/// Alloc + free pairs per second over threads.
+#[derive(Clone, Debug, Serialize)]
+pub struct Throughput {
+    pub allocator: &'static str,
+    pub case: String,
+    pub threads: usize,
+    pub pairs_per_s: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HostReport {
+    pub device: String,
+    pub latency: Vec<Latency>,
+    pub throughput: Vec<Throughput>,
+}
+
+/// The three allocators behind one interface.
+trait Alloc: Sync {
+    fn name(&self) -> &'static str;
+    fn alloc(&self, size: usize, s: &CudaStream) -> Result<u64>;
+    fn free(&self, p: u64, s: &CudaStream) -> Result<()>;
+}
+
+fn driver(what: &'static str, r: sys::CUresult) -> Result<()> {
+    r.result().map_err(|source| Error::Driver { what, source })
+}
+
+struct Sync_;
+impl Alloc for Sync_ {
+    fn name(&self) -> &'static str {
+        "cudaMalloc"
+    }
+    fn alloc(&self, size: usize, _: &CudaStream) -> Result<u64> {
+        // SAFETY: plain allocation, freed by `free`.
+        unsafe { result::malloc_sync(size) }.map_err(|source| Error::Driver {
+            what: "cuMemAlloc",
+            source,
+        })
+    }
+    fn free(&self, p: u64, _: &CudaStream) -> Result<()> {
+        // SAFETY: `p` came from cuMemAlloc.
+        unsafe { result::free_sync(p) }.map_err(|source| Error::Driver {
+            what: "cuMemFree",
+            source,
+        })
+    }
+}
+
+struct Async;
+impl Alloc for Async {
+    fn name(&self) -> &'static str {
+        "cudaMallocAsync"
+    }
+    fn alloc(&self, size: usize, s: &CudaStream) -> Result<u64> {
+        let mut p = 0;
+        // SAFETY: out-parameter; stream-ordered allocation on a live stream.
+        driver("cuMemAllocAsync", unsafe {
+            sys::cuMemAllocAsync(&mut p, size, s.cu_stream())
+        })?;
+        Ok(p)
+    }
+    fn free(&self, p: u64, s: &CudaStream) -> Result<()> {
+        // SAFETY: `p` came from cuMemAllocAsync.
+        driver("cuMemFreeAsync", unsafe {
+            sys::cuMemFreeAsync(p, s.cu_stream())
+        })
+    }
+}
+
+impl Alloc for Pool {
+    fn name(&self) -> &'static str {
+        "cuheap pool"
+    }
+    fn alloc(&self, size: usize, s: &CudaStream) -> Result<u64> {
+        Pool::alloc(self, size, s)
+    }
+    fn free(&self, p: u64, s: &CudaStream) -> Result<()> {
+        Pool::free(self, p, s)
+    }
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn us(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+/// Raises the default pool's release threshold to the maximum (CUDA keeps
+/// freed memory instead of returning it at each synchronisation).
+fn warm_async_pool(gpu: &Gpu) -> Result<()> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    gpu.context()
+        .bind_to_thread()
+        .map_err(|source| Error::Driver {
+            what: "cuCtxSetCurrent",
+            source,
+        })?;
+    // SAFETY: out-parameter for device 0.
+    driver("cuDeviceGetDefaultMemPool", unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, 0)
+    })?;
+    let mut max = u64::MAX;
+    // SAFETY: the attribute takes a pointer to a u64.
+    driver("cuMemPoolSetAttribute", unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut max as *mut u64 as *mut _,
+        )
+    })
+}
+
+fn single_size(a: &dyn Alloc, s: &CudaStream, size: usize, n: usize) -> Result<Latency> {
+    // Warm-up: the first calls map memory.
+    for _ in 0..8 {
+        let p = a.alloc(size, s)?;
+        a.free(p, s)?;
+    }
+    let (mut ta, mut tf) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let t = Instant::now();
+        let p = a.alloc(size, s)?;
+        ta.push(us(t));
+        let t = Instant::now();
+        a.free(p, s)?;
+        tf.push(us(t));
+    }
+    Ok(Latency {
+        allocator: a.name(),
+        case: super::device::size_name(size as u32),
+        alloc_p50_us: pct(&mut ta, 0.5),
+        alloc_p99_us: pct(&mut ta, 0.99),
+        free_p50_us: pct(&mut tf, 0.5),
+        free_p99_us: pct(&mut tf, 0.99),
+    })
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// 10,000 live blocks of 256 B..1 MiB: allocate all, free all; three
+/// rounds, the last two timed.
+fn mixed(a: &dyn Alloc, s: &CudaStream) -> Result<Latency> {
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    let sizes: Vec<usize> = (0..10_000)
+        .map(|_| 256 + (xorshift(&mut rng) % (1 << 20)) as usize)
+        .collect();
+    let (mut ta, mut tf) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let mut live = Vec::with_capacity(sizes.len());
+        for &sz in &sizes {
+            let t = Instant::now();
+            live.push(a.alloc(sz, s)?);
+            if round > 0 {
+                ta.push(us(t));
+            }
+        }
+        for p in live {
+            let t = Instant::now();
+            a.free(p, s)?;
+            if round > 0 {
+                tf.push(us(t));
+            }
+        }
+        s.synchronize().map_err(|source| Error::Driver {
+            what: "cuStreamSynchronize",
+            source,
+        })?;
+    }
+    Ok(Latency {
+        allocator: a.name(),
+        case: "mixed 256 B..1 MiB, 10,000 live".into(),
+        alloc_p50_us: pct(&mut ta, 0.5),
+        alloc_p99_us: pct(&mut ta, 0.99),
+        free_p50_us: pct(&mut tf, 0.5),
+        free_p99_us: pct(&mut tf, 0.99),
+    })
+}
+
+/// `threads` host threads, each with its own stream, alloc/free pairs of
+/// 256 B..64 KiB with up to 64 live per thread.
+fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Throughput> {
+    let streams: Vec<Arc<CudaStream>> = (0..threads)
+        .map(|_| gpu.context().new_stream())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|source| Error::Driver {
+            what: "cuStreamCreate",
+            source,
+        })?;
+    let barrier = Barrier::new(threads + 1);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let start = std::thread::scope(|sc| {
+        for (t, s) in streams.iter().enumerate() {
+            let (barrier, failed, ctx) = (&barrier, &failed, gpu.context());
+            sc.spawn(move || {
+                let _ = ctx.bind_to_thread();
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                let mut live: Vec<u64> = Vec::with_capacity(64);
+                barrier.wait();
+                for _ in 0..pairs {
+                    let sz = 256 + (xorshift(&mut rng) % (64 << 10)) as usize;
+                    match a.alloc(sz, s) {
+                        Ok(p) => live.push(p),
+                        Err(_) => failed.store(true, std::sync::atomic::Ordering::Relaxed),
+                    }
+                    if live.len() >= 64 {
+                        let i = (xorshift(&mut rng) as usize) % live.len();
+                        let _ = a.free(live.swap_remove(i), s);
+                    }
+                }
+                for p in live {
+                    let _ = a.free(p, s);
+                }
+            });
+        }
+        barrier.wait();
+        Instant::now()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: an allocation failed",
+            a.name()
+        )));
+    }
+    Ok(Throughput {
+        allocator: a.name(),
+        case: "256 B..64 KiB, own stream per thread".into(),
+        threads,
+        pairs_per_s: (threads * pairs) as f64 / secs,
+    })
+}
+
+/// Two streams with kernels in flight: allocate and fill on A, free on A,
+/// allocate the same size on B and fill, free on B. Per-iteration host time.
+fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> {
+    let (sa, sb) = (gpu.context().new_stream(), gpu.context().new_stream());
+    let (sa, sb) = (
+        sa.map_err(|source| Error::Driver {
+            what: "cuStreamCreate",
+            source,
+        })?,
+        sb.map_err(|source| Error::Driver {
+            what: "cuStreamCreate",
+            source,
+        })?,
+    );
+    let words = (1u32 << 20) / 4;
+    let (mut ta, mut tf) = (Vec::new(), Vec::new());
+    for i in 0..iters + 8 {
+        let t = Instant::now();
+        let p = a.alloc(1 << 20, &sa)?;
+        let dt_a = us(t);
+        // SAFETY: spin_fill(x, n, value, spin_ns) over the 1 MiB block.
+        unsafe {
+            gpu.launch("spin_fill", 64 * 1024)?
+                .on(&sa)
+                .u64(p)
+                .u32(words)
+                .u32(i as u32)
+                .u64(0)
+                .run()?
+        };
+        let t = Instant::now();
+        a.free(p, &sa)?;
+        let dt_f = us(t);
+        let t = Instant::now();
+        let q = a.alloc(1 << 20, &sb)?;
+        let dt_b = us(t);
+        // SAFETY: as above, on B.
+        unsafe {
+            gpu.launch("spin_fill", 64 * 1024)?
+                .on(&sb)
+                .u64(q)
+                .u32(words)
+                .u32(!(i as u32))
+                .u64(0)
+                .run()?
+        };
+        a.free(q, &sb)?;
+        if i >= 8 {
+            ta.push(dt_a + dt_b);
+            tf.push(dt_f);
+        }
+    }
+    sa.synchronize().map_err(|source| Error::Driver {
+        what: "cuStreamSynchronize",
+        source,
+    })?;
+    sb.synchronize().map_err(|source| Error::Driver {
+        what: "cuStreamSynchronize",
+        source,
+    })?;
+    Ok(Latency {
+        allocator: a.name(),
+        case: "producer/consumer 1 MiB, free on A, alloc on B (both allocs)".into(),
+        alloc_p50_us: pct(&mut ta, 0.5),
+        alloc_p99_us: pct(&mut ta, 0.99),
+        free_p50_us: pct(&mut tf, 0.5),
+        free_p99_us: pct(&mut tf, 0.99),
+    })
+}
+
+/// Runs the host benchmark.
+pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
+    warm_async_pool(gpu)?;
+    let pool = Pool::new(gpu.context(), PoolConfig::new(gpu.info().memory_bytes / 2))?;
+    let s = gpu.context().new_stream().map_err(|source| Error::Driver {
+        what: "cuStreamCreate",
+        source,
+    })?;
+    let allocs: [&dyn Alloc; 3] = [&pool, &Async, &Sync_];
+    let mut r = HostReport {
+        device: gpu.info().name.clone(),
+        ..HostReport::default()
+    };
+    for size in [256usize, 64 << 10, 1 << 20, 16 << 20, 64 << 20] {
+        for a in allocs {
+            progress(&format!(
+                "{} {}",
+                a.name(),
+                super::device::size_name(size as u32)
+            ));
+            let n = if a.name() == "cudaMalloc" {
+                300
+            } else {
+                20_000
+            };
+            r.latency.push(single_size(a, &s, size, n)?);
+        }
+    }
+    for a in &allocs[..2] {
+        progress(&format!("{} mixed", a.name()));
+        r.latency.push(mixed(*a, &s)?);
+        progress(&format!("{} producer/consumer", a.name()));
+        r.latency.push(producer_consumer(gpu, *a, 2000)?);
+        for threads in [1, 4, 8] {
+            progress(&format!("{} {threads} threads", a.name()));
+            r.throughput.push(threaded(gpu, *a, threads, 200_000)?);
+        }
+    }
+    s.synchronize().map_err(|source| Error::Driver {
+        what: "cuStreamSynchronize",
+        source,
+    })?;
+    Ok(r)
+}
+
+pub fn table(r: &HostReport) -> String {
+    let mut out = format!(
+        "device: {}; host clock per call, microseconds\n\n",
+        r.device
+    );
+    out += "| case | allocator | alloc p50 | alloc p99 | free p50 | free p99 |\n|---|---|---|---|---|---|\n";
+    for l in &r.latency {
+        out += &format!(
+            "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
+            l.case, l.allocator, l.alloc_p50_us, l.alloc_p99_us, l.free_p50_us, l.free_p99_us
+        );
+    }
+    out += "\n| threads (own stream each) | allocator | M pairs/s | vs 1 thread |\n|---|---|---|---|\n";
+    for t in &r.throughput {
+        let one = r
+            .throughput
+            .iter()
+            .find(|x| x.allocator == t.allocator && x.threads == 1)
+            .map_or(f64::NAN, |x| x.pairs_per_s);
+        out += &format!(
+            "| {} | {} | {:.2} | {:.2}x |\n",
+            t.threads,
+            t.allocator,
+            t.pairs_per_s / 1e6,
+            t.pairs_per_s / one
+        );
+    }
+    out
+}

@@ -1,0 +1,219 @@
+//! The host pool on a GPU: cross-stream reuse ordered by the GPU alone,
+//! growth and trim visible in cuMemGetInfo, out-of-memory as an error,
+//! bad frees refused, and host threads with their own streams at once.
+
+mod common;
+use common::gpu;
+use cudarc::driver::{sys, CudaStream};
+use cuheap::host::{DeviceBuffer, Pool, PoolConfig};
+use cuheap::Gpu;
+use std::sync::Arc;
+
+const A: u32 = 0xAAAA_0001;
+const B: u32 = 0xBBBB_0002;
+
+fn pool(gpu: &Gpu, reserve: usize) -> Arc<Pool> {
+    Arc::new(Pool::new(gpu.context(), PoolConfig::new(reserve)).unwrap())
+}
+
+fn stream(gpu: &Gpu) -> Arc<CudaStream> {
+    gpu.context().new_stream().unwrap()
+}
+
+fn busy(s: &CudaStream) -> bool {
+    // SAFETY: queries a live stream.
+    let r = unsafe { sys::cuStreamQuery(s.cu_stream()) };
+    r == sys::CUresult::CUDA_ERROR_NOT_READY
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cross_stream_reuse_waits_on_the_gpu_not_the_host() {
+    let gpu = gpu();
+    let pool = pool(&gpu, 1 << 30);
+    let (sa, sb) = (stream(&gpu), stream(&gpu));
+    let n = 1u32 << 20;
+    let errors = gpu.alloc_zeroed(4).unwrap();
+    let p = pool.alloc(n as usize * 4, &sa).unwrap();
+    // A slow producer on A (200 ms), then the block is freed on A.
+    // SAFETY: spin_fill(x, n, value, spin_ns) over n u32s of the block.
+    unsafe {
+        gpu.launch("spin_fill", 256 * 1024)
+            .unwrap()
+            .on(&sa)
+            .u64(p)
+            .u32(n)
+            .u32(A)
+            .u64(200_000_000)
+            .run()
+            .unwrap()
+    };
+    pool.free(p, &sa).unwrap();
+    // B gets the same block at once; its kernel must see A's data, i.e. run after A.
+    let q = pool.alloc(n as usize * 4, &sb).unwrap();
+    assert_eq!(q, p, "the block freed on A is reused on B");
+    assert!(busy(&sa), "the host waited for stream A");
+    // SAFETY: check_fill(x, n, expect, value, errors).
+    unsafe {
+        gpu.launch("check_fill", 256 * 1024)
+            .unwrap()
+            .on(&sb)
+            .u64(q)
+            .u32(n)
+            .u32(A)
+            .u32(B)
+            .u64(errors.ptr())
+            .run()
+            .unwrap()
+    };
+    sb.synchronize().unwrap();
+    let mut e = [0u32];
+    errors.read(0, &mut e).unwrap();
+    assert_eq!(e[0], 0, "B's kernel ran before A's finished");
+    let mut data = vec![0u32; n as usize];
+    // SAFETY: reads the block into host memory after both streams finished.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut data, q) }.unwrap();
+    assert!(
+        data.iter().all(|&v| v == B),
+        "B's data is the final content"
+    );
+    let s = pool.stats();
+    assert_eq!(
+        (s.cross_stream_reuse, s.in_use),
+        (1, (n as usize * 4).div_ceil(65536) * 65536)
+    );
+    pool.free(q, &sb).unwrap();
+    // Same-stream reuse is immediate.
+    let r = pool.alloc(n as usize * 4, &sb).unwrap();
+    assert_eq!(r, q);
+    assert_eq!(pool.stats().same_stream_reuse, 1);
+    pool.free(r, &sb).unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn growth_and_trim_change_device_memory() {
+    let gpu = gpu();
+    let pool = pool(&gpu, 16 << 30);
+    let s = stream(&gpu);
+    let (free0, _) = gpu.mem_info().unwrap();
+    let bufs: Vec<u64> = (0..64).map(|_| pool.alloc(32 << 20, &s).unwrap()).collect();
+    let (free1, _) = gpu.mem_info().unwrap();
+    assert!(
+        free0 - free1 >= 2 << 30,
+        "growth maps memory: {free0} -> {free1}"
+    );
+    assert!(pool.stats().reserved >= 2 << 30);
+    for b in bufs {
+        pool.free(b, &s).unwrap();
+    }
+    let kept = pool.trim(0).unwrap();
+    let (free2, _) = gpu.mem_info().unwrap();
+    assert!(
+        free2 - free1 >= 2 << 30,
+        "trim unmaps memory: {free1} -> {free2}"
+    );
+    assert!(kept <= 32 << 20, "{kept} bytes still mapped");
+    // And the pool still works after trimming.
+    let b = pool.alloc(100 << 20, &s).unwrap();
+    pool.free(b, &s).unwrap();
+    println!(
+        "growth and trim: free {} -> {} -> {} MiB",
+        free0 >> 20,
+        free1 >> 20,
+        free2 >> 20
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn out_of_memory_is_an_error_and_the_pool_recovers() {
+    let gpu = gpu();
+    let pool = pool(&gpu, 1 << 30);
+    let s = stream(&gpu);
+    let e = pool.alloc(2 << 30, &s).unwrap_err();
+    assert!(e.to_string().contains("pool out of memory"), "{e}");
+    let a = pool.alloc(512 << 20, &s).unwrap();
+    let b = pool.alloc(400 << 20, &s).unwrap();
+    let e = pool.alloc(512 << 20, &s).unwrap_err();
+    assert!(e.to_string().contains("largest free run"), "{e}");
+    pool.free(a, &s).unwrap();
+    let c = pool.alloc(512 << 20, &s).unwrap();
+    for p in [b, c] {
+        pool.free(p, &s).unwrap();
+    }
+    // Bad frees: foreign, interior, double.
+    assert!(pool.free(0x1234_5678, &s).is_err());
+    let d = pool.alloc(4096, &s).unwrap();
+    assert!(pool.free(d + 256, &s).is_err());
+    pool.free(d, &s).unwrap();
+    assert!(pool.free(d, &s).is_err());
+    assert_eq!(pool.stats().bad_frees, 3);
+    assert!(pool.alloc(0, &s).is_err());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn threads_with_own_streams_fill_and_check() {
+    let gpu = Arc::new(gpu());
+    let pool = pool(&gpu, 8 << 30);
+    let errors = Arc::new(gpu.alloc_zeroed(4).unwrap());
+    std::thread::scope(|sc| {
+        for t in 0..8u32 {
+            let (gpu, pool, errors) = (gpu.clone(), pool.clone(), errors.clone());
+            sc.spawn(move || {
+                let s = gpu.context().new_stream().unwrap();
+                let mut x = 0x9E37_79B9u32 ^ t;
+                let mut live: Vec<DeviceBuffer<u32>> = Vec::new();
+                for i in 0..300u32 {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    let words = 64 + (x % (1 << 20)) as usize;
+                    let buf = DeviceBuffer::<u32>::new(&pool, words, &s).unwrap();
+                    let v = (t << 24) | i;
+                    // SAFETY: spin_fill/check_fill over `words` u32s of the buffer.
+                    unsafe {
+                        gpu.launch("spin_fill", 64 * 1024)
+                            .unwrap()
+                            .on(&s)
+                            .u64(buf.ptr())
+                            .u32(words as u32)
+                            .u32(v)
+                            .u64(0)
+                            .run()
+                            .unwrap();
+                        gpu.launch("check_fill", 64 * 1024)
+                            .unwrap()
+                            .on(&s)
+                            .u64(buf.ptr())
+                            .u32(words as u32)
+                            .u32(v)
+                            .u32(!v)
+                            .u64(errors.ptr())
+                            .run()
+                            .unwrap();
+                    }
+                    live.push(buf);
+                    if live.len() > 8 {
+                        live.remove((x as usize) % live.len()); // dropped: freed on its stream
+                    }
+                }
+                drop(live);
+                s.synchronize().unwrap();
+            });
+        }
+    });
+    let mut e = [0u32];
+    errors.read(0, &mut e).unwrap();
+    assert_eq!(
+        e[0], 0,
+        "a buffer was overwritten by another thread's kernel"
+    );
+    let st = pool.stats();
+    assert_eq!((st.in_use, st.allocs, st.frees), (0, 2400, 2400));
+    println!(
+        "8 threads x 300 buffers: {} reused on their stream, {} across streams, {} grows",
+        st.same_stream_reuse, st.cross_stream_reuse, st.grows
+    );
+}
