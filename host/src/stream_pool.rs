@@ -21,7 +21,7 @@ use cudarc::driver::{sys, CudaContext, CudaStream};
 use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
 use cuheap_core::{Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Every block is at least this aligned (like `cudaMalloc`).
@@ -65,6 +65,7 @@ pub struct PoolStats {
     pub reserved: usize,
     /// Bytes handed out and not freed (block sizes).
     pub in_use: usize,
+    /// Largest `in_use` seen; sampled every 64 calls per stream.
     pub peak_in_use: usize,
     /// Bytes freed and cached, per stream (handle as an integer).
     pub cached_per_stream: Vec<(usize, usize)>,
@@ -80,6 +81,32 @@ pub struct PoolStats {
     pub flushes: u64,
     pub bad_frees: u64,
 }
+
+/// Hashes block addresses (multiples of 256) with one multiply: the
+/// live table is on every call's path.
+#[derive(Default, Clone, Copy)]
+struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type AddrMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<AddrHasher>>;
+
+/// One shard of the live table on its own cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard(Mutex<AddrMap<Key>>);
 
 /// Where a block's size comes from: a class, or a span of pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -105,18 +132,48 @@ impl Key {
     }
 }
 
+/// Blocks freed on one stream, by size, and that stream's counters (kept
+/// here, under the lock the call holds anyway, so that threads with their
+/// own streams share no counter).
 #[derive(Default)]
 struct Cache {
-    free: HashMap<Key, Vec<u64>>,
+    classes: Vec<Vec<u64>>,
+    spans: HashMap<u32, Vec<u64>>,
     bytes: usize,
     /// Blocks were freed since `event` was last recorded.
     dirty: bool,
     event: Option<Event>,
+    /// Bytes allocated minus bytes freed through this stream.
+    net: i64,
+    counts: [u64; 4],
+}
+
+impl Cache {
+    fn list(&mut self, key: Key) -> &mut Vec<u64> {
+        match key {
+            Key::Class(c) => {
+                if self.classes.is_empty() {
+                    self.classes = (0..cuheap_core::CLASS_COUNT).map(|_| Vec::new()).collect();
+                }
+                &mut self.classes[c as usize]
+            }
+            Key::Span(p) => self.spans.entry(p).or_default(),
+        }
+    }
+
+    fn drain(&mut self) -> Vec<u64> {
+        let mut all: Vec<u64> = self.classes.iter_mut().flat_map(std::mem::take).collect();
+        all.extend(self.spans.drain().flat_map(|(_, v)| v));
+        self.bytes = 0;
+        all
+    }
 }
 
 struct StreamCache {
     stream: sys::CUstream,
     cache: Mutex<Cache>,
+    /// Set by `release_stream`: threads holding this cache must look again.
+    released: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the stream handle is only passed to the driver; the cache is behind a mutex.
@@ -152,26 +209,43 @@ impl Drop for HostMeta {
 pub struct Pool {
     // Drop order: the region (device memory) after everything using it.
     caches: RwLock<HashMap<usize, Arc<StreamCache>>>,
-    live: Vec<Mutex<HashMap<u64, Key>>>,
+    live: Vec<Shard>,
+    id: u64,
     events: EventPool,
     handle: HeapHandle,
     _meta: HostMeta,
     region: VmmRegion,
     ctx: Arc<CudaContext>,
     grow_lock: Mutex<()>,
+    /// Counters of streams the pool no longer tracks (`release_stream`).
+    forgotten_counts: Mutex<[u64; 4]>,
     release_threshold: usize,
-    in_use: AtomicUsize,
+    /// Bytes in use as of the last fold of the streams' `net` counters.
+    folded: AtomicI64,
     peak: AtomicUsize,
-    counts: [AtomicU64; 7],
+    counts: [AtomicU64; 3],
 }
 
+// Per-stream counters (`Cache::counts`).
 const ALLOCS: usize = 0;
 const FREES: usize = 1;
 const SAME: usize = 2;
 const CROSS: usize = 3;
-const GROWS: usize = 4;
-const FLUSHES: usize = 5;
-const BAD: usize = 6;
+// Pool-wide counters (`Pool::counts`): rare events.
+const GROWS: usize = 0;
+const FLUSHES: usize = 1;
+const BAD: usize = 2;
+/// A stream folds its byte counter into the pool's every this many calls,
+/// which is when the peak is sampled.
+const FOLD_EVERY: u64 = 64;
+
+static POOL_IDS: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The last (pool, stream) this thread used and its cache: skips the
+    /// pool's stream table on repeated calls.
+    static LAST: std::cell::RefCell<Option<(u64, usize, Arc<StreamCache>)>> = const { std::cell::RefCell::new(None) };
+}
 
 fn thread_slot() -> u32 {
     use std::hash::{Hash, Hasher};
@@ -213,15 +287,17 @@ impl Pool {
         };
         let pool = Pool {
             caches: RwLock::new(HashMap::new()),
-            live: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            live: (0..SHARDS).map(|_| Shard::default()).collect(),
+            id: POOL_IDS.fetch_add(1, Ordering::Relaxed),
             events: EventPool::default(),
             handle,
             _meta: meta,
             region,
             ctx: ctx.clone(),
             grow_lock: Mutex::new(()),
+            forgotten_counts: Mutex::new([0; 4]),
             release_threshold: cfg.release_threshold,
-            in_use: AtomicUsize::new(0),
+            folded: AtomicI64::new(0),
             peak: AtomicUsize::new(0),
             counts: Default::default(),
         };
@@ -242,30 +318,64 @@ impl Pool {
         self.counts[which].fetch_add(1, Ordering::Relaxed);
     }
 
-    fn shard(&self, ptr: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Key>> {
-        let i = ((ptr >> 8) as usize ^ (ptr >> 20) as usize) % SHARDS;
-        self.live[i].lock().unwrap_or_else(|p| p.into_inner())
+    fn shard(&self, ptr: u64) -> std::sync::MutexGuard<'_, AddrMap<Key>> {
+        let i = ((ptr >> 8) ^ (ptr >> 17)) as usize % SHARDS;
+        self.live[i].0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn cache(&self, stream: sys::CUstream) -> Arc<StreamCache> {
         let id = stream as usize;
-        if let Some(c) = self
+        let hit = LAST.with(|l| match &*l.borrow() {
+            Some((pool, s, c))
+                if *pool == self.id && *s == id && !c.released.load(Ordering::Acquire) =>
+            {
+                Some(c.clone())
+            }
+            _ => None,
+        });
+        if let Some(c) = hit {
+            return c;
+        }
+        let found = self
             .caches
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
-        {
-            return c.clone();
-        }
-        let mut w = self.caches.write().unwrap_or_else(|p| p.into_inner());
-        w.entry(id)
-            .or_insert_with(|| {
-                Arc::new(StreamCache {
-                    stream,
-                    cache: Mutex::new(Cache::default()),
+            .cloned();
+        let c = match found {
+            Some(c) => c,
+            None => self
+                .caches
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(id)
+                .or_insert_with(|| {
+                    Arc::new(StreamCache {
+                        stream,
+                        cache: Mutex::new(Cache::default()),
+                        released: std::sync::atomic::AtomicBool::new(false),
+                    })
                 })
-            })
-            .clone()
+                .clone(),
+        };
+        LAST.with(|l| *l.borrow_mut() = Some((self.id, id, c.clone())));
+        c
+    }
+
+    /// Folds a stream's byte counter into the pool's and samples the peak.
+    fn fold(&self, c: &mut Cache) {
+        let now = self.folded.fetch_add(c.net, Ordering::Relaxed) + c.net;
+        c.net = 0;
+        self.peak.fetch_max(now.max(0) as usize, Ordering::Relaxed);
+    }
+
+    /// Counts one call on a stream's cache and folds its bytes now and then.
+    fn account(&self, c: &mut Cache, which: usize, bytes: i64) {
+        c.counts[which] += 1;
+        c.net += bytes;
+        if (c.counts[ALLOCS] + c.counts[FREES]).is_multiple_of(FOLD_EVERY) {
+            self.fold(c);
+        }
     }
 
     /// Allocates `size` bytes for use on `stream` (256-byte aligned).
@@ -283,23 +393,19 @@ impl Pool {
         }
         let key = Key::of(size);
         let own = self.cache(stream);
-        let ptr = match self.take_cached(&own, key) {
-            Some(p) => {
-                self.bump(SAME);
-                p
-            }
+        let (ptr, how) = match self.take_cached(&own, key) {
+            Some(p) => (p, Some(SAME)),
             None => match self.steal(&own, key)? {
-                Some(p) => {
-                    self.bump(CROSS);
-                    p
-                }
-                None => self.fresh(key)?,
+                Some(p) => (p, Some(CROSS)),
+                None => (self.fresh(key)?, None),
             },
         };
         self.shard(ptr).insert(ptr, key);
-        let now = self.in_use.fetch_add(key.bytes(), Ordering::Relaxed) + key.bytes();
-        self.peak.fetch_max(now, Ordering::Relaxed);
-        self.bump(ALLOCS);
+        let mut c = own.lock();
+        if let Some(how) = how {
+            c.counts[how] += 1;
+        }
+        self.account(&mut c, ALLOCS, key.bytes() as i64);
         Ok(ptr)
     }
 
@@ -319,20 +425,18 @@ impl Pool {
                 "free of {ptr:#x}: not a live block of this pool"
             )));
         };
-        self.in_use.fetch_sub(key.bytes(), Ordering::Relaxed);
         let own = self.cache(stream);
         let mut c = own.lock();
-        c.free.entry(key).or_default().push(ptr);
+        c.list(key).push(ptr);
         c.bytes += key.bytes();
         c.dirty = true;
-        drop(c);
-        self.bump(FREES);
+        self.account(&mut c, FREES, -(key.bytes() as i64));
         Ok(())
     }
 
     fn take_cached(&self, sc: &StreamCache, key: Key) -> Option<u64> {
         let mut c = sc.lock();
-        let p = c.free.get_mut(&key)?.pop()?;
+        let p = c.list(key).pop()?;
         c.bytes -= key.bytes();
         Some(p)
     }
@@ -350,9 +454,7 @@ impl Pool {
             .collect();
         for other in others {
             let mut c = other.lock();
-            let Some(list) = c.free.get_mut(&key) else {
-                continue;
-            };
+            let list = c.list(key);
             if list.is_empty() {
                 continue;
             }
@@ -379,7 +481,7 @@ impl Pool {
             if !rest.is_empty() {
                 let mut mine = own.lock();
                 mine.bytes += rest.len() * key.bytes();
-                mine.free.entry(key).or_default().extend(rest);
+                mine.list(key).extend(rest);
             }
             return Ok(Some(first));
         }
@@ -464,9 +566,8 @@ impl Pool {
             if c.bytes == 0 {
                 return Ok(());
             }
-            c.bytes = 0;
             c.dirty = false;
-            c.free.drain().flat_map(|(_, v)| v).collect()
+            c.drain()
         };
         let e = self.events.get()?;
         e.record(sc.stream)?;
@@ -490,11 +591,22 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
         if let Some(sc) = sc {
+            sc.released.store(true, Ordering::Release);
             self.flush(&sc)?;
-            if let Some(e) = sc.lock().event.take() {
+            let mut c = sc.lock();
+            if let Some(e) = c.event.take() {
                 self.events.put(e);
             }
+            self.fold(&mut c);
+            let mut f = self
+                .forgotten_counts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (t, v) in f.iter_mut().zip(c.counts) {
+                *t += v;
+            }
         }
+        LAST.with(|l| *l.borrow_mut() = None);
         Ok(())
     }
 
@@ -543,33 +655,42 @@ impl Pool {
     }
 
     pub fn stats(&self) -> PoolStats {
-        let cached_per_stream: Vec<(usize, usize)> = self
-            .caches
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(id, sc)| (*id, sc.lock().bytes))
-            .collect();
+        let mut cached_per_stream = Vec::new();
+        let mut per_stream = [0u64; 4];
+        let mut net = 0i64;
+        for (id, sc) in self.caches.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            let c = sc.lock();
+            cached_per_stream.push((*id, c.bytes));
+            net += c.net;
+            for (t, v) in per_stream.iter_mut().zip(c.counts) {
+                *t += v;
+            }
+        }
         let heap = self.heap();
         let limit = heap.limit();
         let free_pages = (0..limit).filter(|&p| !heap.any_in_use(p, p + 1)).count();
         let free_bytes = free_pages * PAGE_SIZE;
         let largest = self.largest_free_run();
         let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        let in_use = (self.folded.load(Ordering::Relaxed) + net).max(0) as usize;
+        let gone = *self
+            .forgotten_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         PoolStats {
             reserved: self.region.mapped(),
-            in_use: self.in_use.load(Ordering::Relaxed),
-            peak_in_use: self.peak.load(Ordering::Relaxed),
+            in_use,
+            peak_in_use: self.peak.load(Ordering::Relaxed).max(in_use),
             cached_per_stream,
             fragmentation: if free_bytes == 0 {
                 0.0
             } else {
                 1.0 - largest as f64 / free_bytes as f64
             },
-            allocs: c(ALLOCS),
-            frees: c(FREES),
-            same_stream_reuse: c(SAME),
-            cross_stream_reuse: c(CROSS),
+            allocs: per_stream[ALLOCS] + gone[ALLOCS],
+            frees: per_stream[FREES] + gone[FREES],
+            same_stream_reuse: per_stream[SAME] + gone[SAME],
+            cross_stream_reuse: per_stream[CROSS] + gone[CROSS],
             grows: c(GROWS),
             flushes: c(FLUSHES),
             bad_frees: c(BAD),
