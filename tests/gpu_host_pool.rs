@@ -9,6 +9,14 @@ use cuheap::host::{DeviceBuffer, Pool, PoolConfig};
 use cuheap::Gpu;
 use std::sync::Arc;
 
+/// The tests of this file take turns: one reads cuMemGetInfo, which the
+/// others' allocations would disturb.
+static GPU_MEMORY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    GPU_MEMORY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 const A: u32 = 0xAAAA_0001;
 const B: u32 = 0xBBBB_0002;
 
@@ -29,6 +37,7 @@ fn busy(s: &CudaStream) -> bool {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn cross_stream_reuse_waits_on_the_gpu_not_the_host() {
+    let _turn = turn();
     let gpu = gpu();
     let pool = pool(&gpu, 1 << 30);
     let (sa, sb) = (stream(&gpu), stream(&gpu));
@@ -93,6 +102,7 @@ fn cross_stream_reuse_waits_on_the_gpu_not_the_host() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn growth_and_trim_change_device_memory() {
+    let _turn = turn();
     let gpu = gpu();
     let pool = pool(&gpu, 16 << 30);
     let s = stream(&gpu);
@@ -128,6 +138,7 @@ fn growth_and_trim_change_device_memory() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn out_of_memory_is_an_error_and_the_pool_recovers() {
+    let _turn = turn();
     let gpu = gpu();
     let pool = pool(&gpu, 1 << 30);
     let s = stream(&gpu);
@@ -155,6 +166,7 @@ fn out_of_memory_is_an_error_and_the_pool_recovers() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn threads_with_own_streams_fill_and_check() {
+    let _turn = turn();
     let gpu = Arc::new(gpu());
     let pool = pool(&gpu, 8 << 30);
     let errors = Arc::new(gpu.alloc_zeroed(4).unwrap());

@@ -654,18 +654,42 @@ impl<'a, W: Word> Heap<'a, W> {
     /// class from the page's descriptor.
     #[inline(always)]
     pub fn locate(&self, addr: usize) -> Result<Located<W>, FreeError> {
+        match self.block_at(addr) {
+            Ok(BlockInfo {
+                page,
+                class: Some(_),
+                index,
+                ..
+            }) => Ok(Located::Block {
+                page,
+                word: index / W::BITS,
+                mask: W::bit(index % W::BITS),
+            }),
+            Ok(BlockInfo { page, .. }) => Ok(Located::Span { page }),
+            Err(e) => Err(self.bad_free(e)),
+        }
+    }
+
+    /// The block or span starting at `addr`, in O(1), without counting or
+    /// changing anything: its page (a class page's first unit, or a span's
+    /// head), its class (`None` for spans), index and size.
+    #[inline(always)]
+    pub fn block_at(&self, addr: usize) -> Result<BlockInfo, FreeError> {
         let off = addr.wrapping_sub(self.data);
         if addr < self.data || off >= self.page_count as usize * PAGE_SIZE {
-            return Err(self.bad_free(FreeError::Foreign));
+            return Err(FreeError::Foreign);
         }
+        // Relaxed: a caller asking about a block it owns already synchronised
+        // with the allocation that published the page's kind.
+        let kind_of = |p: u32| decode_kind(self.descs[p as usize].kind.load(Ordering::Relaxed));
         let mut page = (off >> PAGE_SHIFT) as u32;
-        let mut kind = self.descs[page as usize].kind();
+        let mut kind = kind_of(page);
         if kind == Kind::ClassTail {
             page -= self.descs[page as usize]
                 .span
                 .load(Ordering::Relaxed)
                 .min(page);
-            kind = self.descs[page as usize].kind();
+            kind = kind_of(page);
         }
         let in_page = off - page as usize * PAGE_SIZE;
         match kind {
@@ -673,20 +697,26 @@ impl<'a, W: Word> Heap<'a, W> {
                 let size = class_size(class) as usize;
                 let index = in_page / size;
                 if !in_page.is_multiple_of(size) || index >= blocks_per_page(class) as usize {
-                    return Err(self.bad_free(FreeError::Interior));
+                    return Err(FreeError::Interior);
                 }
-                let index = index as u32;
-                Ok(Located::Block {
+                Ok(BlockInfo {
                     page,
-                    word: index / W::BITS,
-                    mask: W::bit(index % W::BITS),
+                    class: Some(class),
+                    index: index as u32,
+                    size,
                 })
             }
-            Kind::SpanHead if in_page == 0 => Ok(Located::Span { page }),
-            Kind::SpanHead | Kind::SpanTail => Err(self.bad_free(FreeError::Interior)),
-            Kind::Free | Kind::Class(_) | Kind::ClassTail => {
-                Err(self.bad_free(FreeError::NotAllocated))
+            Kind::SpanHead if in_page == 0 => {
+                let pages = self.descs[page as usize].span.load(Ordering::Relaxed) as usize;
+                Ok(BlockInfo {
+                    page,
+                    class: None,
+                    index: 0,
+                    size: pages * PAGE_SIZE,
+                })
             }
+            Kind::SpanHead | Kind::SpanTail => Err(FreeError::Interior),
+            Kind::Free | Kind::Class(_) | Kind::ClassTail => Err(FreeError::NotAllocated),
         }
     }
 
@@ -848,6 +878,19 @@ impl<'a, W: Word> Heap<'a, W> {
         }
         Ok(())
     }
+}
+
+/// A block or span as [`Heap::block_at`] finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// First page of the block's class page, or the span's head page.
+    pub page: u32,
+    /// The block's class; `None` for a span.
+    pub class: Option<u32>,
+    /// Block index in its page (0 for spans).
+    pub index: u32,
+    /// Bytes of the block (whole pages for spans).
+    pub size: usize,
 }
 
 /// What [`Heap::locate`] found at an address.

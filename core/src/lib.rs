@@ -43,7 +43,7 @@ pub mod sync;
 pub mod word;
 pub mod workload;
 
-pub use heap::{AllocError, FreeError, FreeOutcome, Grant, Heap, HeapHandle, Run};
+pub use heap::{AllocError, BlockInfo, FreeError, FreeOutcome, Grant, Heap, HeapHandle, Run};
 pub use layout::Layout;
 #[cfg(all(feature = "std", not(loom)))]
 pub use owned::OwnedHeap;

@@ -19,7 +19,7 @@ use crate::reclaim::{Event, EventPool};
 use crate::vmm::VmmRegion;
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
-use cuheap_core::{Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
+use cuheap_core::{BlockInfo, Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -30,8 +30,6 @@ pub const ALIGN: usize = 256;
 const SLOTS: u32 = 64;
 /// Blocks taken from another stream's cache at once.
 const STEAL_BATCH: usize = 32;
-/// Shards of the live-block table.
-const SHARDS: usize = 32;
 
 /// Pool settings.
 #[derive(Clone, Debug)]
@@ -82,31 +80,48 @@ pub struct PoolStats {
     pub bad_frees: u64,
 }
 
-/// Hashes block addresses (multiples of 256) with one multiply: the
-/// live table is on every call's path.
-#[derive(Default, Clone, Copy)]
-struct AddrHasher(u64);
+/// Live bits: one per block a page can hold at [`ALIGN`] (256 per 64 KiB
+/// unit; larger pages hold at most 256 blocks too), indexed by the page
+/// [`Heap::block_at`] returns. A block's bit is set while a caller holds
+/// it, so a second free finds it clear: no shared table on the call path,
+/// and blocks of one page (mostly one thread's) share one cache line.
+struct LiveBits(Vec<AtomicU64>);
 
-impl std::hash::Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
+const LIVE_WORDS_PER_PAGE: usize = 4;
+
+impl LiveBits {
+    fn new(pages: usize) -> LiveBits {
+        LiveBits(
+            (0..pages * LIVE_WORDS_PER_PAGE)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        )
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
+
+    fn at(&self, b: &BlockInfo) -> (&AtomicU64, u64) {
+        let i = b.index as usize;
+        debug_assert!(
+            i < 64 * LIVE_WORDS_PER_PAGE,
+            "pool classes hold at most 256 blocks a page"
+        );
+        (
+            &self.0[b.page as usize * LIVE_WORDS_PER_PAGE + i / 64],
+            1 << (i % 64),
+        )
     }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+
+    /// Marks a block live; false if it already was.
+    fn set(&self, b: &BlockInfo) -> bool {
+        let (w, m) = self.at(b);
+        w.fetch_or(m, Ordering::AcqRel) & m == 0
+    }
+
+    /// Marks a block free; false if it was not live.
+    fn clear(&self, b: &BlockInfo) -> bool {
+        let (w, m) = self.at(b);
+        w.fetch_and(!m, Ordering::AcqRel) & m != 0
     }
 }
-
-type AddrMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<AddrHasher>>;
-
-/// One shard of the live table on its own cache lines.
-#[repr(align(128))]
-#[derive(Default)]
-struct Shard(Mutex<AddrMap<Key>>);
 
 /// Where a block's size comes from: a class, or a span of pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -209,7 +224,7 @@ impl Drop for HostMeta {
 pub struct Pool {
     // Drop order: the region (device memory) after everything using it.
     caches: RwLock<HashMap<usize, Arc<StreamCache>>>,
-    live: Vec<Shard>,
+    live: LiveBits,
     id: u64,
     events: EventPool,
     handle: HeapHandle,
@@ -287,7 +302,7 @@ impl Pool {
         };
         let pool = Pool {
             caches: RwLock::new(HashMap::new()),
-            live: (0..SHARDS).map(|_| Shard::default()).collect(),
+            live: LiveBits::new(pages as usize),
             id: POOL_IDS.fetch_add(1, Ordering::Relaxed),
             events: EventPool::default(),
             handle,
@@ -316,11 +331,6 @@ impl Pool {
 
     fn bump(&self, which: usize) {
         self.counts[which].fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn shard(&self, ptr: u64) -> std::sync::MutexGuard<'_, AddrMap<Key>> {
-        let i = ((ptr >> 8) ^ (ptr >> 17)) as usize % SHARDS;
-        self.live[i].0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn cache(&self, stream: sys::CUstream) -> Arc<StreamCache> {
@@ -400,7 +410,15 @@ impl Pool {
                 None => (self.fresh(key)?, None),
             },
         };
-        self.shard(ptr).insert(ptr, key);
+        match self.heap().block_at(ptr as usize) {
+            Ok(b) if self.live.set(&b) => {}
+            // A block the heap just handed out is always found and not live.
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "pool state broken at {ptr:#x}"
+                )))
+            }
+        }
         let mut c = own.lock();
         if let Some(how) = how {
             c.counts[how] += 1;
@@ -419,11 +437,17 @@ impl Pool {
 
     /// [`Pool::free`] with a raw stream handle.
     fn free_raw(&self, ptr: u64, stream: sys::CUstream) -> Result<()> {
-        let Some(key) = self.shard(ptr).remove(&ptr) else {
-            self.bump(BAD);
-            return Err(Error::InvalidArgument(format!(
-                "free of {ptr:#x}: not a live block of this pool"
-            )));
+        let key = match self.heap().block_at(ptr as usize) {
+            Ok(b) if self.live.clear(&b) => match b.class {
+                Some(c) => Key::Class(c),
+                None => Key::Span((b.size / PAGE_SIZE) as u32),
+            },
+            _ => {
+                self.bump(BAD);
+                return Err(Error::InvalidArgument(format!(
+                    "free of {ptr:#x}: not a live block of this pool"
+                )));
+            }
         };
         let own = self.cache(stream);
         let mut c = own.lock();
