@@ -39,9 +39,19 @@ fn busy(s: &CudaStream) -> bool {
 fn cross_stream_reuse_waits_on_the_gpu_not_the_host() {
     let _turn = turn();
     let gpu = gpu();
-    let pool = pool(&gpu, 1 << 30);
+    // The block fills the pool's initial mapping, so B can only get it back.
+    let pool = Arc::new(
+        Pool::new(
+            gpu.context(),
+            PoolConfig {
+                initial: 64 << 20,
+                ..PoolConfig::new(1 << 30)
+            },
+        )
+        .unwrap(),
+    );
     let (sa, sb) = (stream(&gpu), stream(&gpu));
-    let n = 1u32 << 20;
+    let n = 16u32 << 20;
     let errors = gpu.alloc_zeroed(4).unwrap();
     let p = pool.alloc(n as usize * 4, &sa).unwrap();
     // A slow producer on A (200 ms), then the block is freed on A.

@@ -7,9 +7,10 @@
 //! - Each stream has a cache of blocks freed on it, by size: reuse on the
 //!   same stream is immediate, because stream order already puts the new
 //!   user after the old one.
-//! - Another stream takes cached blocks by recording a pooled event on the
-//!   owner stream and making itself wait on it (`cuStreamWaitEvent`): the
-//!   GPU orders the two, the host never waits.
+//! - When the heap (as mapped now) has no room, another stream takes
+//!   cached blocks by recording a pooled event on the owner stream and
+//!   making itself wait on it (`cuStreamWaitEvent`): the GPU orders the
+//!   two, the host never waits. Only then does the pool map more memory.
 //! - When the heap is full the region maps more memory; when that fails,
 //!   the caches are returned to the heap (waiting for their streams'
 //!   events) before an out-of-memory error is returned.
@@ -403,11 +404,16 @@ impl Pool {
         }
         let key = Key::of(size);
         let own = self.cache(stream);
+        // Own cache, then the heap as mapped now, then other streams'
+        // caches (a GPU-side wait), then more memory.
         let (ptr, how) = match self.take_cached(&own, key) {
             Some(p) => (p, Some(SAME)),
-            None => match self.steal(&own, key)? {
-                Some(p) => (p, Some(CROSS)),
-                None => (self.fresh(key)?, None),
+            None => match self.heap().alloc(key.bytes(), thread_slot()) {
+                Ok(p) => (p as usize as u64, None),
+                Err(_) => match self.steal(&own, key)? {
+                    Some(p) => (p, Some(CROSS)),
+                    None => (self.fresh(key)?, None),
+                },
             },
         };
         match self.heap().block_at(ptr as usize) {
