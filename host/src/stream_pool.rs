@@ -186,6 +186,9 @@ impl Cache {
 }
 
 struct StreamCache {
+    /// Held so the stream outlives the blocks cached for it: an event is
+    /// recorded on it whenever another stream takes them.
+    _keep_alive: Arc<CudaStream>,
     stream: sys::CUstream,
     cache: Mutex<Cache>,
     /// Set by `release_stream`: threads holding this cache must look again.
@@ -334,7 +337,8 @@ impl Pool {
         self.counts[which].fetch_add(1, Ordering::Relaxed);
     }
 
-    fn cache(&self, stream: sys::CUstream) -> Arc<StreamCache> {
+    fn cache(&self, owner: &Arc<CudaStream>) -> Arc<StreamCache> {
+        let stream = owner.cu_stream();
         let id = stream as usize;
         let hit = LAST.with(|l| match &*l.borrow() {
             Some((pool, s, c))
@@ -362,6 +366,7 @@ impl Pool {
                 .entry(id)
                 .or_insert_with(|| {
                     Arc::new(StreamCache {
+                        _keep_alive: owner.clone(),
                         stream,
                         cache: Mutex::new(Cache::default()),
                         released: std::sync::atomic::AtomicBool::new(false),
@@ -389,13 +394,15 @@ impl Pool {
         }
     }
 
-    /// Allocates `size` bytes for use on `stream` (256-byte aligned).
-    pub fn alloc(&self, size: usize, stream: &CudaStream) -> Result<u64> {
-        self.alloc_raw(size, stream.cu_stream())
+    /// Allocates `size` bytes for use on `stream` (256-byte aligned). The
+    /// pool keeps `stream` alive while it caches blocks freed on it
+    /// ([`Pool::release_stream`] lets it go).
+    pub fn alloc(&self, size: usize, stream: &Arc<CudaStream>) -> Result<u64> {
+        self.alloc_raw(size, stream)
     }
 
     /// [`Pool::alloc`] on a raw stream handle.
-    fn alloc_raw(&self, size: usize, stream: sys::CUstream) -> Result<u64> {
+    fn alloc_raw(&self, size: usize, stream: &Arc<CudaStream>) -> Result<u64> {
         if size == 0 {
             return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
         }
@@ -437,12 +444,12 @@ impl Pool {
     /// once; other streams only after the GPU finishes `stream`'s work up
     /// to now. Pointers this pool did not hand out (or already freed) are
     /// refused with an error and counted.
-    pub fn free(&self, ptr: u64, stream: &CudaStream) -> Result<()> {
-        self.free_raw(ptr, stream.cu_stream())
+    pub fn free(&self, ptr: u64, stream: &Arc<CudaStream>) -> Result<()> {
+        self.free_raw(ptr, stream)
     }
 
     /// [`Pool::free`] with a raw stream handle.
-    fn free_raw(&self, ptr: u64, stream: sys::CUstream) -> Result<()> {
+    fn free_raw(&self, ptr: u64, stream: &Arc<CudaStream>) -> Result<()> {
         let key = match self.heap().block_at(ptr as usize) {
             Ok(b) if self.live.clear(&b) => match b.class {
                 Some(c) => Key::Class(c),
@@ -613,7 +620,7 @@ impl Pool {
 
     /// Waits for `stream`, returns its cache to the heap and forgets the
     /// stream. Call before destroying a stream the pool has seen.
-    pub fn release_stream(&self, stream: &CudaStream) -> Result<()> {
+    pub fn release_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let id = stream.cu_stream() as usize;
         let sc = self
             .caches

@@ -41,8 +41,8 @@ pub struct HostReport {
 /// The three allocators behind one interface.
 trait Alloc: Sync {
     fn name(&self) -> &'static str;
-    fn alloc(&self, size: usize, s: &CudaStream) -> Result<u64>;
-    fn free(&self, p: u64, s: &CudaStream) -> Result<()>;
+    fn alloc(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64>;
+    fn free(&self, p: u64, s: &Arc<CudaStream>) -> Result<()>;
 }
 
 fn driver(what: &'static str, r: sys::CUresult) -> Result<()> {
@@ -54,14 +54,14 @@ impl Alloc for Sync_ {
     fn name(&self) -> &'static str {
         "cudaMalloc"
     }
-    fn alloc(&self, size: usize, _: &CudaStream) -> Result<u64> {
+    fn alloc(&self, size: usize, _: &Arc<CudaStream>) -> Result<u64> {
         // SAFETY: plain allocation, freed by `free`.
         unsafe { result::malloc_sync(size) }.map_err(|source| Error::Driver {
             what: "cuMemAlloc",
             source,
         })
     }
-    fn free(&self, p: u64, _: &CudaStream) -> Result<()> {
+    fn free(&self, p: u64, _: &Arc<CudaStream>) -> Result<()> {
         // SAFETY: `p` came from cuMemAlloc.
         unsafe { result::free_sync(p) }.map_err(|source| Error::Driver {
             what: "cuMemFree",
@@ -75,7 +75,7 @@ impl Alloc for Async {
     fn name(&self) -> &'static str {
         "cudaMallocAsync"
     }
-    fn alloc(&self, size: usize, s: &CudaStream) -> Result<u64> {
+    fn alloc(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64> {
         let mut p = 0;
         // SAFETY: out-parameter; stream-ordered allocation on a live stream.
         driver("cuMemAllocAsync", unsafe {
@@ -83,7 +83,7 @@ impl Alloc for Async {
         })?;
         Ok(p)
     }
-    fn free(&self, p: u64, s: &CudaStream) -> Result<()> {
+    fn free(&self, p: u64, s: &Arc<CudaStream>) -> Result<()> {
         // SAFETY: `p` came from cuMemAllocAsync.
         driver("cuMemFreeAsync", unsafe {
             sys::cuMemFreeAsync(p, s.cu_stream())
@@ -95,10 +95,10 @@ impl Alloc for Pool {
     fn name(&self) -> &'static str {
         "cuheap pool"
     }
-    fn alloc(&self, size: usize, s: &CudaStream) -> Result<u64> {
+    fn alloc(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64> {
         Pool::alloc(self, size, s)
     }
-    fn free(&self, p: u64, s: &CudaStream) -> Result<()> {
+    fn free(&self, p: u64, s: &Arc<CudaStream>) -> Result<()> {
         Pool::free(self, p, s)
     }
 }
@@ -137,7 +137,7 @@ fn warm_async_pool(gpu: &Gpu) -> Result<()> {
     })
 }
 
-fn single_size(a: &dyn Alloc, s: &CudaStream, size: usize, n: usize) -> Result<Latency> {
+fn single_size(a: &dyn Alloc, s: &Arc<CudaStream>, size: usize, n: usize) -> Result<Latency> {
     // Warm-up: the first calls map memory.
     for _ in 0..8 {
         let p = a.alloc(size, s)?;
@@ -171,7 +171,7 @@ fn xorshift(x: &mut u64) -> u64 {
 
 /// 10,000 live blocks of 256 B..1 MiB: allocate all, free all; three
 /// rounds, the last two timed.
-fn mixed(a: &dyn Alloc, s: &CudaStream) -> Result<Latency> {
+fn mixed(a: &dyn Alloc, s: &Arc<CudaStream>) -> Result<Latency> {
     let mut rng = 0x1234_5678_9abc_def0u64;
     let sizes: Vec<usize> = (0..10_000)
         .map(|_| 256 + (xorshift(&mut rng) % (1 << 20)) as usize)
