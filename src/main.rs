@@ -20,6 +20,13 @@ struct Cli {
 enum Command {
     /// The GPU, driver, CUDA version and the embedded PTX's kernels.
     Info,
+    /// Replays an alloc/free trace (a pool's `PoolConfig::log` CSV) against
+    /// the cuheap pool and cudaMallocAsync.
+    Replay {
+        trace: PathBuf,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Benchmarks: `cpu` (any machine), `device` (in-kernel allocation),
     /// `host` (the host pool against CUDA's allocators), or all.
     Bench {
@@ -71,6 +78,18 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Info => info(),
+        Command::Replay { trace, json } => {
+            let text = std::fs::read_to_string(&trace)?;
+            let events = cuheap::host::parse_trace(&text)?;
+            let gpu = cuheap::open_gpu()?;
+            let rows = cuheap::bench::replay::run(&gpu, &events)?;
+            println!("{} events from {}\n", events.len(), trace.display());
+            println!("{}", cuheap::bench::replay::table(&rows));
+            if let Some(path) = json {
+                std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+            }
+            Ok(())
+        }
         Command::Bench {
             which,
             json,

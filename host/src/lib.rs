@@ -24,4 +24,4 @@ pub use cuheap_core::{HeapHandle, Stats};
 pub use device_heap::DeviceHeap;
 pub use driver::{DeviceInfo, DeviceMemory, Function, Gpu, Launch, LoadOptions};
 pub use error::{Error, Result};
-pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};
+pub use stream_pool::{parse_trace, DeviceBuffer, Pool, PoolConfig, PoolStats, TraceEvent};

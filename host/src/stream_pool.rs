@@ -43,6 +43,9 @@ pub struct PoolConfig {
     pub chunk: usize,
     /// Bytes [`Pool::synchronize`] leaves mapped (CUDA's release threshold).
     pub release_threshold: usize,
+    /// Log every alloc and free to this CSV file (`thread,time_ns,action,
+    /// ptr,size,stream`), for `cuheap replay`.
+    pub log: Option<std::path::PathBuf>,
 }
 
 impl PoolConfig {
@@ -53,6 +56,7 @@ impl PoolConfig {
             initial: 64 << 20,
             chunk: 32 << 20,
             release_threshold: usize::MAX,
+            log: None,
         }
     }
 }
@@ -239,6 +243,7 @@ pub struct Pool {
     /// Counters of streams the pool no longer tracks (`release_stream`).
     forgotten_counts: Mutex<[u64; 4]>,
     release_threshold: usize,
+    log: Option<Mutex<EventLog>>,
     /// Bytes in use as of the last fold of the streams' `net` counters.
     folded: AtomicI64,
     peak: AtomicUsize,
@@ -316,6 +321,10 @@ impl Pool {
             grow_lock: Mutex::new(()),
             forgotten_counts: Mutex::new([0; 4]),
             release_threshold: cfg.release_threshold,
+            log: match &cfg.log {
+                Some(path) => Some(Mutex::new(EventLog::create(path)?)),
+                None => None,
+            },
             folded: AtomicI64::new(0),
             peak: AtomicUsize::new(0),
             counts: Default::default(),
@@ -437,6 +446,8 @@ impl Pool {
             c.counts[how] += 1;
         }
         self.account(&mut c, ALLOCS, key.bytes() as i64);
+        drop(c);
+        self.record("alloc", ptr, size, own.stream);
         Ok(ptr)
     }
 
@@ -468,7 +479,17 @@ impl Pool {
         c.bytes += key.bytes();
         c.dirty = true;
         self.account(&mut c, FREES, -(key.bytes() as i64));
+        drop(c);
+        self.record("free", ptr, key.bytes(), own.stream);
         Ok(())
+    }
+
+    fn record(&self, action: &str, ptr: u64, size: usize, stream: sys::CUstream) {
+        if let Some(log) = &self.log {
+            log.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .write(action, ptr, size, stream as usize);
+        }
     }
 
     fn take_cached(&self, sc: &StreamCache, key: Key) -> Option<u64> {
@@ -746,6 +767,78 @@ impl Drop for Pool {
     }
 }
 
+/// The alloc/free log: CSV lines `thread,time_ns,action,ptr,size,stream`.
+struct EventLog {
+    out: std::io::BufWriter<std::fs::File>,
+    start: std::time::Instant,
+}
+
+impl EventLog {
+    fn create(path: &std::path::Path) -> Result<EventLog> {
+        use std::io::Write;
+        let file = std::fs::File::create(path)
+            .map_err(|e| Error::InvalidArgument(format!("event log {}: {e}", path.display())))?;
+        let mut out = std::io::BufWriter::new(file);
+        let _ = writeln!(out, "thread,time_ns,action,ptr,size,stream");
+        Ok(EventLog {
+            out,
+            start: std::time::Instant::now(),
+        })
+    }
+
+    fn write(&mut self, action: &str, ptr: u64, size: usize, stream: usize) {
+        use std::io::Write;
+        let t = self.start.elapsed().as_nanos();
+        // A failed log write must not fail the allocation: the log is advisory.
+        let _ = writeln!(
+            self.out,
+            "{:?},{t},{action},{ptr:#x},{size},{stream:#x}",
+            std::thread::current().id()
+        );
+    }
+}
+
+/// One line of an event log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceEvent {
+    pub thread: String,
+    pub time_ns: u64,
+    pub alloc: bool,
+    pub ptr: u64,
+    pub size: usize,
+    pub stream: u64,
+}
+
+/// Parses an event log written by a pool with [`PoolConfig::log`].
+pub fn parse_trace(text: &str) -> Result<Vec<TraceEvent>> {
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate().skip(1) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.rsplitn(6, ',').collect();
+        let bad = || Error::InvalidArgument(format!("trace line {}: {line:?}", n + 1));
+        if f.len() != 6 {
+            return Err(bad());
+        }
+        // rsplitn yields the fields from the end.
+        out.push(TraceEvent {
+            thread: f[5].to_string(),
+            time_ns: f[4].parse().map_err(|_| bad())?,
+            alloc: match f[3] {
+                "alloc" => true,
+                "free" => false,
+                _ => return Err(bad()),
+            },
+            ptr: hex(f[2]).ok_or_else(bad)?,
+            size: f[1].parse().map_err(|_| bad())?,
+            stream: hex(f[0]).ok_or_else(bad)?,
+        });
+    }
+    Ok(out)
+}
+
 /// A typed device buffer from a [`Pool`], freed on its stream when dropped.
 pub struct DeviceBuffer<T> {
     ptr: u64,
@@ -798,6 +891,27 @@ impl<T> Drop for DeviceBuffer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_lines_round_trip() {
+        let t = "thread,time_ns,action,ptr,size,stream\nThreadId(1),10,alloc,0x7f0000,256,0x55\nThreadId(1),20,free,0x7f0000,256,0x55\n";
+        let e = parse_trace(t).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(
+            e[0],
+            TraceEvent {
+                thread: "ThreadId(1)".into(),
+                time_ns: 10,
+                alloc: true,
+                ptr: 0x7f0000,
+                size: 256,
+                stream: 0x55
+            }
+        );
+        assert!(!e[1].alloc);
+        assert!(parse_trace("h\nx,1,alloc,zz,1,0x1\n").is_err());
+        assert!(parse_trace("h\nx,1,grab,0x1,1,0x1\n").is_err());
+    }
 
     #[test]
     fn keys_round_to_256_and_cover_the_request() {

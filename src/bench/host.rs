@@ -39,7 +39,7 @@ pub struct HostReport {
 }
 
 /// The three allocators behind one interface.
-trait Alloc: Sync {
+pub(crate) trait Alloc: Sync {
     fn name(&self) -> &'static str;
     fn alloc(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64>;
     fn free(&self, p: u64, s: &Arc<CudaStream>) -> Result<()>;
@@ -49,7 +49,7 @@ fn driver(what: &'static str, r: sys::CUresult) -> Result<()> {
     r.result().map_err(|source| Error::Driver { what, source })
 }
 
-struct Sync_;
+pub(crate) struct Sync_;
 impl Alloc for Sync_ {
     fn name(&self) -> &'static str {
         "cudaMalloc"
@@ -70,7 +70,7 @@ impl Alloc for Sync_ {
     }
 }
 
-struct Async;
+pub(crate) struct Async;
 impl Alloc for Async {
     fn name(&self) -> &'static str {
         "cudaMallocAsync"
@@ -103,18 +103,18 @@ impl Alloc for Pool {
     }
 }
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
+pub(crate) fn pct(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-fn us(t: Instant) -> f64 {
+pub(crate) fn us(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e6
 }
 
 /// Raises the default pool's release threshold to the maximum (CUDA keeps
 /// freed memory instead of returning it at each synchronisation).
-fn warm_async_pool(gpu: &Gpu) -> Result<()> {
+pub(crate) fn warm_async_pool(gpu: &Gpu) -> Result<()> {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     gpu.context()
         .bind_to_thread()

@@ -6,6 +6,7 @@
 pub mod cpu;
 pub mod device;
 pub mod host;
+pub mod replay;
 pub mod report;
 
 /// Median of a non-empty sample (the mean of the middle two for even sizes).

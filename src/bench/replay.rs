@@ -1,0 +1,105 @@
+//! `cuheap replay TRACE`: replays an alloc/free trace written by a pool
+//! with `PoolConfig::log` against the cuheap pool and `cudaMallocAsync`,
+//! in order, one stream per stream of the trace.
+
+use super::host::{pct, us, warm_async_pool, Alloc, Async};
+use crate::host::{Pool, PoolConfig, TraceEvent};
+use crate::{Error, Gpu, Result};
+use cudarc::driver::CudaStream;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayRow {
+    pub allocator: &'static str,
+    pub allocs: usize,
+    pub frees: usize,
+    pub total_ms: f64,
+    pub alloc_p50_us: f64,
+    pub alloc_p99_us: f64,
+    pub free_p50_us: f64,
+    pub free_p99_us: f64,
+}
+
+fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayRow> {
+    let mut streams: HashMap<u64, Arc<CudaStream>> = HashMap::new();
+    let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
+    let (mut ta, mut tf) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    for e in events {
+        let s = match streams.get(&e.stream) {
+            Some(s) => s.clone(),
+            None => {
+                let s = gpu.context().new_stream().map_err(|source| Error::Driver {
+                    what: "cuStreamCreate",
+                    source,
+                })?;
+                streams.insert(e.stream, s.clone());
+                s
+            }
+        };
+        if e.alloc {
+            let t = Instant::now();
+            let p = a.alloc(e.size.max(1), &s)?;
+            ta.push(us(t));
+            live.insert(e.ptr, (p, e.stream));
+        } else if let Some((p, _)) = live.remove(&e.ptr) {
+            let t = Instant::now();
+            a.free(p, &s)?;
+            tf.push(us(t));
+        }
+    }
+    let total_ms = start.elapsed().as_secs_f64() * 1e3;
+    for (_, (p, sid)) in live {
+        if let Some(s) = streams.get(&sid) {
+            a.free(p, s)?;
+        }
+    }
+    for s in streams.values() {
+        s.synchronize().map_err(|source| Error::Driver {
+            what: "cuStreamSynchronize",
+            source,
+        })?;
+    }
+    let q = |v: &mut Vec<f64>, x| if v.is_empty() { f64::NAN } else { pct(v, x) };
+    Ok(ReplayRow {
+        allocator: a.name(),
+        allocs: ta.len(),
+        frees: tf.len(),
+        total_ms,
+        alloc_p50_us: q(&mut ta, 0.5),
+        alloc_p99_us: q(&mut ta, 0.99),
+        free_p50_us: q(&mut tf, 0.5),
+        free_p99_us: q(&mut tf, 0.99),
+    })
+}
+
+/// Replays `events` on a fresh pool and on cudaMallocAsync.
+pub fn run(gpu: &Gpu, events: &[TraceEvent]) -> Result<Vec<ReplayRow>> {
+    warm_async_pool(gpu)?;
+    let pool = Pool::new(gpu.context(), PoolConfig::new(gpu.info().memory_bytes / 2))?;
+    Ok(vec![
+        replay_one(gpu, &pool, events)?,
+        replay_one(gpu, &Async, events)?,
+    ])
+}
+
+pub fn table(rows: &[ReplayRow]) -> String {
+    let mut s = String::from("| allocator | allocs | frees | total ms | alloc p50 / p99 µs | free p50 / p99 µs |\n|---|---|---|---|---|---|\n");
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {} | {:.2} | {:.3} / {:.3} | {:.3} / {:.3} |\n",
+            r.allocator,
+            r.allocs,
+            r.frees,
+            r.total_ms,
+            r.alloc_p50_us,
+            r.alloc_p99_us,
+            r.free_p50_us,
+            r.free_p99_us
+        );
+    }
+    s
+}
