@@ -35,7 +35,8 @@ enum Command {
         /// Write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Write a chart (SVG) of the device results here.
+        /// Write a chart (SVG) of the device results here; the host results
+        /// go beside it as `<name>-host.svg`.
         #[arg(long)]
         chart: Option<PathBuf>,
         /// Timed runs per case (the median is reported).
@@ -162,6 +163,13 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         bar.finish_and_clear();
                         println!("## Host pool\n");
                         println!("{}", host::table(&r));
+                        if let Some(path) = &chart {
+                            let host_chart = path.with_file_name(format!(
+                                "{}-host.svg",
+                                path.file_stem().and_then(|s| s.to_str()).unwrap_or("chart")
+                            ));
+                            std::fs::write(host_chart, host::svg(&r))?;
+                        }
                         out.insert("host".into(), serde_json::to_value(&r)?);
                     }
                     Err(e @ (cuheap::Error::NoDriver | cuheap::Error::NoDevice(_)))

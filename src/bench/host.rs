@@ -406,3 +406,35 @@ pub fn table(r: &HostReport) -> String {
     }
     out
 }
+
+/// The host report's chart: alloc p50 per case and allocator.
+pub fn svg(r: &HostReport) -> String {
+    let series = ["cuheap pool", "cudaMallocAsync", "cudaMalloc"];
+    let mut cases: Vec<&str> = Vec::new();
+    for l in &r.latency {
+        if !cases.contains(&l.case.as_str()) {
+            cases.push(&l.case);
+        }
+    }
+    let groups: Vec<(String, Vec<Option<f64>>)> = cases
+        .iter()
+        .map(|c| {
+            let vals = series
+                .iter()
+                .map(|a| {
+                    r.latency
+                        .iter()
+                        .find(|l| l.case == *c && l.allocator == *a)
+                        .map(|l| l.alloc_p50_us)
+                })
+                .collect();
+            (c.split(',').next().unwrap_or(c).to_string(), vals)
+        })
+        .collect();
+    super::report::bar_chart(
+        &format!("Allocation call, p50: {}", r.device),
+        "us",
+        &series,
+        &groups,
+    )
+}

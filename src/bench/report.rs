@@ -103,12 +103,98 @@ pub fn device_table(r: &Report) -> String {
     out
 }
 
-/// A grouped bar chart (log scale) of pair-kernel times, as SVG.
+/// A grouped bar chart on a log scale, as SVG: one group per label, one
+/// bar per series (colours in order), values in `unit`.
+pub fn bar_chart(
+    title: &str,
+    unit: &str,
+    series: &[&str],
+    groups: &[(String, Vec<Option<f64>>)],
+) -> String {
+    const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"];
+    let values = groups.iter().flat_map(|g| g.1.iter().flatten().copied());
+    let (min, max) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (lo, hi) = if min > max {
+        (0.0, 1.0)
+    } else {
+        (
+            min.max(1e-9).log10().floor(),
+            max.log10().ceil().max(min.log10().floor() + 1.0),
+        )
+    };
+    let group_w = 18.0 * series.len() as f64 + 24.0;
+    let (left, bottom, top) = (70.0, 110.0, 40.0);
+    let w = left + group_w * groups.len() as f64 + 40.0;
+    let h = 440.0;
+    let plot_h = h - bottom - top;
+    let y =
+        |v: f64| top + plot_h * (1.0 - ((v.max(1e-12).log10() - lo) / (hi - lo)).clamp(0.0, 1.0));
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="22" font-size="14">{title} ({unit}, log scale)</text>"#
+    );
+    let mut e = lo as i32;
+    while e <= hi as i32 {
+        let yy = y(10f64.powi(e));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" x2="{:.0}" y1="{yy:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            w - 20.0,
+            left - 5.0,
+            yy + 4.0,
+            10f64.powi(e)
+        );
+        e += 1;
+    }
+    for (i, (label, vals)) in groups.iter().enumerate() {
+        let x0 = left + 10.0 + group_w * i as f64;
+        for (j, v) in vals.iter().enumerate() {
+            if let Some(v) = v {
+                let top_y = y(*v);
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{:.1}" y="{top_y:.1}" width="16" height="{:.1}" fill="{}"><title>{}: {v:.4} {unit}</title></rect>"#,
+                    x0 + 18.0 * j as f64,
+                    top + plot_h - top_y,
+                    COLORS[j % COLORS.len()],
+                    series[j]
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            r#"<text transform="translate({:.1},{:.1}) rotate(-40)" text-anchor="end">{label}</text>"#,
+            x0 + 20.0,
+            h - bottom + 15.0
+        );
+    }
+    for (j, name) in series.iter().enumerate() {
+        let x = left + 10.0 + 170.0 * j as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{x}" y="{}" width="12" height="12" fill="{}"/><text x="{}" y="{}">{name}</text>"#,
+            h - 22.0,
+            COLORS[j % COLORS.len()],
+            x + 16.0,
+            h - 12.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The device report's chart: pair-kernel times per case.
 pub fn device_svg(r: &Report) -> String {
     let series = [
-        ("cuheap", "pair", "#1f77b4"),
-        ("CUDA malloc", "pair", "#d62728"),
-        ("bump (ceiling)", "alloc", "#7f7f7f"),
+        ("cuheap", "pair"),
+        ("CUDA malloc", "pair"),
+        ("bump (ceiling)", "alloc"),
     ];
     let mut keys: Vec<(u32, u32)> = r
         .rows
@@ -117,66 +203,42 @@ pub fn device_svg(r: &Report) -> String {
         .map(|x| (x.threads, x.size))
         .collect();
     keys.sort_by_key(|&(t, s)| (t, if s == 0 { u32::MAX / 2 } else { s }));
-    let (w, h, left, bottom) = (60.0 * keys.len() as f64 + 120.0, 420.0, 70.0, 90.0);
-    let plot_h = h - bottom - 40.0;
-    let (lo, hi) = (-3.0f64, 3.0f64); // log10(ms) from 1 us to 1 s
-    let y =
-        |ms: f64| 40.0 + plot_h * (1.0 - ((ms.max(1e-3).log10() - lo) / (hi - lo)).clamp(0.0, 1.0));
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{left}" y="20" font-size="14">One alloc + free per thread (pair kernel), ms, log scale: {}</text>"#,
-        r.device
-    );
-    for e in -3..=3 {
-        let yy = y(10f64.powi(e));
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left}" x2="{}" y1="{yy}" y2="{yy}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
-            w - 20.0,
-            left - 5.0,
-            yy + 4.0,
-            10f64.powi(e)
-        );
+    let groups: Vec<(String, Vec<Option<f64>>)> = keys
+        .iter()
+        .map(|&(t, sz)| {
+            let vals = series
+                .iter()
+                .map(|(a, sh)| find(r, a, sh, t, sz).map(|x| x.median_ms))
+                .collect();
+            (format!("{} x {}", threads_name(t), size_name(sz)), vals)
+        })
+        .collect();
+    let title = format!("One alloc + free per thread: {}", r.device);
+    bar_chart(
+        &title,
+        "ms",
+        &[
+            "cuheap (pair)",
+            "CUDA malloc (pair)",
+            "bump ceiling (alloc)",
+        ],
+        &groups,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bar_chart_draws_one_bar_per_value() {
+        let groups = vec![
+            ("a".to_string(), vec![Some(0.5), None]),
+            ("b".to_string(), vec![Some(20.0), Some(3.0)]),
+        ];
+        let svg = bar_chart("t", "ms", &["x", "y"], &groups);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches("<title>").count(), 3);
+        assert!(!svg.contains("NaN"));
     }
-    for (i, &(t, sz)) in keys.iter().enumerate() {
-        let x0 = left + 10.0 + 60.0 * i as f64;
-        for (j, (alloc, shape, color)) in series.iter().enumerate() {
-            if let Some(row) = find(r, alloc, shape, t, sz) {
-                let top = y(row.median_ms);
-                let _ = writeln!(
-                    s,
-                    r#"<rect x="{}" y="{top}" width="16" height="{}" fill="{color}"><title>{alloc} {shape}: {:.4} ms</title></rect>"#,
-                    x0 + 17.0 * j as f64,
-                    40.0 + plot_h - top,
-                    row.median_ms
-                );
-            }
-        }
-        let _ = writeln!(
-            s,
-            r#"<text transform="translate({},{}) rotate(-45)" text-anchor="end">{} x {}</text>"#,
-            x0 + 25.0,
-            h - bottom + 15.0,
-            threads_name(t),
-            size_name(sz)
-        );
-    }
-    for (j, (alloc, shape, color)) in series.iter().enumerate() {
-        let x = left + 10.0 + 170.0 * j as f64;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{x}" y="{}" width="12" height="12" fill="{color}"/><text x="{}" y="{}">{alloc} ({shape})</text>"#,
-            h - 22.0,
-            x + 16.0,
-            h - 12.0
-        );
-    }
-    s.push_str("</svg>\n");
-    s
 }
