@@ -114,9 +114,9 @@ fn cross_stream_reuse_waits_on_the_gpu_not_the_host() {
 fn growth_and_trim_change_device_memory() {
     let _turn = turn();
     let gpu = gpu();
+    let (free0, _) = gpu.mem_info().unwrap();
     let pool = pool(&gpu, 16 << 30);
     let s = stream(&gpu);
-    let (free0, _) = gpu.mem_info().unwrap();
     let bufs: Vec<u64> = (0..64).map(|_| pool.alloc(32 << 20, &s).unwrap()).collect();
     let (free1, _) = gpu.mem_info().unwrap();
     assert!(
@@ -129,8 +129,9 @@ fn growth_and_trim_change_device_memory() {
     }
     let kept = pool.trim(0).unwrap();
     let (free2, _) = gpu.mem_info().unwrap();
+    // Trim keeps one 32 MiB chunk mapped.
     assert!(
-        free2 - free1 >= 2 << 30,
+        free2 - free1 >= (2 << 30) - (32 << 20),
         "trim unmaps memory: {free1} -> {free2}"
     );
     assert!(kept <= 32 << 20, "{kept} bytes still mapped");
