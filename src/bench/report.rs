@@ -123,9 +123,9 @@ pub fn bar_chart(
         )
     };
     let group_w = 18.0 * series.len() as f64 + 24.0;
-    let (left, bottom, top) = (70.0, 110.0, 40.0);
+    let (left, bottom, top) = (70.0, 130.0, 40.0);
     let w = left + group_w * groups.len() as f64 + 40.0;
-    let h = 440.0;
+    let h = 460.0;
     let plot_h = h - bottom - top;
     let y =
         |v: f64| top + plot_h * (1.0 - ((v.max(1e-12).log10() - lo) / (hi - lo)).clamp(0.0, 1.0));
