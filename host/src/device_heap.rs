@@ -1,56 +1,131 @@
 //! The memory behind an in-kernel heap: zeroed metadata and a
 //! page-aligned data region from the driver, the handle kernels take, and
 //! statistics read back from the device.
+//!
+//! A heap is either fixed ([`DeviceHeap::new`], one `cuMemAlloc`) or
+//! growable ([`DeviceHeap::growable`]): its data region is a reserved
+//! address range with memory mapped behind a prefix, and
+//! [`DeviceHeap::grow`] maps more and raises the heap's usable-page limit
+//! in device memory. Kernels read that limit when they look for a fresh
+//! page, so the heap grows between launches and also while one runs.
 
 use crate::driver::{DeviceMemory, Gpu};
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
+use crate::vmm::VmmRegion;
+use cudarc::driver::{result, CudaStream};
 use cuheap_core::page::PageDesc;
 use cuheap_core::{Counters, HeapHandle, Layout, Stats, PAGE_SIZE};
+use std::sync::Arc;
+
+enum Data {
+    Fixed {
+        _memory: DeviceMemory,
+    },
+    Growable {
+        region: VmmRegion,
+        stream: Arc<CudaStream>,
+    },
+}
 
 /// A device heap of `page_count` pages, `slots` current-page slots (one
 /// per SM).
 pub struct DeviceHeap {
     meta: DeviceMemory,
-    // Keeps the data region alive; the handle points into it.
-    _data: DeviceMemory,
+    // The handle points into it.
+    data: Data,
     handle: HeapHandle,
     layout: Layout,
+}
+
+fn pages_of(bytes: usize) -> Result<u32> {
+    let pages = bytes.div_ceil(PAGE_SIZE);
+    if pages == 0 || pages > u32::MAX as usize / 2 {
+        return Err(Error::InvalidArgument(format!("heap of {bytes} bytes")));
+    }
+    Ok(pages as u32)
 }
 
 impl DeviceHeap {
     /// A heap with `bytes` of block memory (rounded up to whole 64 KiB
     /// pages) for `gpu`, one slot per SM.
     pub fn new(gpu: &Gpu, bytes: usize) -> Result<DeviceHeap> {
-        let pages = bytes.div_ceil(PAGE_SIZE);
-        if pages == 0 || pages > u32::MAX as usize / 2 {
-            return Err(Error::InvalidArgument(format!("heap of {bytes} bytes")));
-        }
+        let pages = pages_of(bytes)?;
         let slots = gpu.info().sms.max(1);
-        let layout = Layout::new(pages as u32, slots);
+        let layout = Layout::new(pages, slots);
         let meta = gpu.alloc_zeroed(layout.meta_bytes)?;
         let data = gpu.alloc_zeroed(layout.data_bytes() + PAGE_SIZE)?;
         let base = data.ptr().div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
         let handle = HeapHandle {
             meta: meta.ptr(),
             data: base,
-            page_count: pages as u32,
+            page_count: pages,
             slots,
         };
         Ok(DeviceHeap {
             meta,
-            _data: data,
+            data: Data::Fixed { _memory: data },
             handle,
             layout,
         })
+    }
+
+    /// A heap that starts with `initial` bytes mapped and may grow to
+    /// `max` bytes of address space (its metadata is sized for `max`).
+    pub fn growable(gpu: &Gpu, initial: usize, max: usize) -> Result<DeviceHeap> {
+        let region = VmmRegion::new(gpu.context(), max, 2 << 20)?;
+        let pages = pages_of(region.reserved())?;
+        let slots = gpu.info().sms.max(1);
+        let layout = Layout::new(pages, slots);
+        let meta = gpu.alloc_zeroed(layout.meta_bytes)?;
+        let handle = HeapHandle {
+            meta: meta.ptr(),
+            data: region.base(),
+            page_count: pages,
+            slots,
+        };
+        let stream = gpu.context().new_stream().during("cuStreamCreate")?;
+        let heap = DeviceHeap {
+            meta,
+            data: Data::Growable { region, stream },
+            handle,
+            layout,
+        };
+        heap.grow(initial.max(PAGE_SIZE))?;
+        Ok(heap)
+    }
+
+    /// Maps memory until `bytes` are usable and tells the heap, without
+    /// waiting for running kernels (the limit is written on the heap's own
+    /// non-blocking stream; kernels see it on their next fresh page).
+    /// Returns the usable bytes. Fixed heaps cannot grow.
+    pub fn grow(&self, bytes: usize) -> Result<usize> {
+        let Data::Growable { region, stream } = &self.data else {
+            return Err(Error::InvalidArgument(
+                "a fixed-size heap cannot grow; use DeviceHeap::growable".into(),
+            ));
+        };
+        let mapped = region.grow_to(bytes.min(region.reserved()))?;
+        let limit = [(mapped / PAGE_SIZE) as u64];
+        let at = self.meta.ptr()
+            + (self.layout.counters + std::mem::offset_of!(Counters, page_limit)) as u64;
+        // SAFETY: `at` is the heap's page-limit word in its metadata; the
+        // copy is ordered on our stream and waited for before `limit` goes.
+        unsafe { result::memcpy_htod_async(at, &limit, stream.cu_stream()) }
+            .during("cuMemcpyHtoDAsync")?;
+        stream.synchronize().during("cuStreamSynchronize")?;
+        Ok(mapped)
     }
 
     pub fn handle(&self) -> HeapHandle {
         self.handle
     }
 
-    /// Bytes of block memory.
+    /// Bytes of block memory usable now.
     pub fn capacity(&self) -> usize {
-        self.layout.data_bytes()
+        match &self.data {
+            Data::Fixed { .. } => self.layout.data_bytes(),
+            Data::Growable { region, .. } => region.mapped(),
+        }
     }
 
     /// Bytes of metadata on the device.
@@ -58,14 +133,20 @@ impl DeviceHeap {
         self.layout.meta_bytes
     }
 
-    /// Empties the heap (no kernel may be using it).
+    /// Empties the heap (no kernel may be using it). A growable heap keeps
+    /// its mapped memory usable.
     pub fn reset(&self) -> Result<()> {
-        self.meta.zero()
+        self.meta.zero()?;
+        if let Data::Growable { .. } = &self.data {
+            self.grow(self.capacity())?;
+        }
+        Ok(())
     }
 
     /// Reads the heap's statistics after a launch (synchronous copy).
     pub fn stats(&self) -> Result<Stats> {
-        let n = self.handle.page_count as usize;
+        // Pages past the mapped part are neither free nor in use.
+        let n = self.capacity() / PAGE_SIZE;
         let mut descs: Vec<PageDesc> = (0..n).map(|_| PageDesc::new()).collect();
         let mut counters = [Counters::new()];
         // PageDesc and Counters are #[repr(C)] atomics: the device's bytes

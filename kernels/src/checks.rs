@@ -278,3 +278,42 @@ pub unsafe extern "ptx-kernel" fn check_fill(x: *mut u32, n: u32, expect: u32, v
         i += stride;
     }
 }
+
+/// Each thread allocates `sz` bytes, retrying on null until it succeeds or
+/// `max_ns` pass (then `errors[0]` counts it): a kernel that waits for the
+/// host to grow the heap while it runs.
+///
+/// # Safety
+///
+/// The heap arguments describe a live heap; `ptrs` holds `n` pointers;
+/// `errors` points to two `u32`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn alloc_retry(
+    meta: u64,
+    data: u64,
+    pages: u32,
+    slots: u32,
+    n: u32,
+    sz: u32,
+    max_ns: u64,
+    ptrs: *mut *mut u8,
+    errors: *mut u32,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let h = handle(meta, data, pages, slots);
+    let start = crate::arch::globaltimer();
+    let mut p: *mut u8 = core::ptr::null_mut();
+    while p.is_null() && crate::arch::globaltimer().wrapping_sub(start) < max_ns {
+        // SAFETY: the caller passes a live heap.
+        p = unsafe { dev_alloc(&h, sz as usize) };
+    }
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { error(errors, 0) };
+    }
+    // SAFETY: tid < n entries.
+    unsafe { ptrs.add(tid as usize).write(p) };
+}
