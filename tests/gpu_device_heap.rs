@@ -229,7 +229,7 @@ fn c_abi_from_cuda_cpp() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn heap_grows_between_and_during_launches() {
+fn heap_grows_between_launches() {
     let gpu = gpu();
     let h = DeviceHeap::growable(&gpu, 4 << 20, 1 << 30).unwrap();
     let n = 1u32 << 20;
@@ -247,40 +247,5 @@ fn heap_grows_between_and_during_launches() {
     assert_eq!(b.take_errors(), [0, 0], "after growing");
     free(&gpu, &h, &b, n);
     assert_empty(&h);
-    // During a launch: a kernel that needs 512 MiB waits (retrying) while the
-    // host grows the heap under it, without waiting for the kernel.
-    let s = gpu.context().new_stream().unwrap();
-    // SAFETY: alloc_retry(meta, data, pages, slots, n, sz, max_ns, ptrs, errors).
-    unsafe {
-        gpu.launch("alloc_retry", n)
-            .unwrap()
-            .on(&s)
-            .heap(&h.handle())
-            .u32(n)
-            .u32(512)
-            .u64(20_000_000_000)
-            .u64(b.ptrs.ptr())
-            .u64(b.errors.ptr())
-            .run()
-            .unwrap()
-    };
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    // SAFETY: queries a live stream.
-    let running = unsafe { cudarc::driver::sys::cuStreamQuery(s.cu_stream()) }
-        == cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY;
-    assert!(
-        running,
-        "the kernel finished before the heap grew: it cannot have waited"
-    );
-    h.grow(640 << 20).unwrap();
-    s.synchronize().unwrap();
-    fill_check(&gpu, &b, n, 512);
-    assert_eq!(
-        b.take_errors(),
-        [0, 0],
-        "allocations made while the heap grew"
-    );
-    free(&gpu, &h, &b, n);
-    assert_empty(&h);
-    println!("growable heap: 4 MiB -> 320 MiB between launches, -> 640 MiB during one");
+    println!("growable heap: 4 MiB -> 320 MiB between launches");
 }
