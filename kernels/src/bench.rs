@@ -26,7 +26,7 @@ extern "C" {
 ///
 /// `errors` points to two device `u32`s.
 #[inline(always)]
-unsafe fn count(errors: *mut u32, which: usize) {
+pub(crate) unsafe fn count(errors: *mut u32, which: usize) {
     // SAFETY: forwarded from the caller; atomic access to device memory.
     unsafe { AtomicU32::from_ptr(errors.add(which)) }.fetch_add(1, Ordering::Relaxed);
 }

@@ -3,7 +3,7 @@
 //! stress of the device heap.
 
 use crate::arch::global_thread;
-use crate::bench::thread_size;
+use crate::bench::{count, thread_size};
 use crate::device_heap::{dev_alloc, dev_free, handle};
 use core::sync::atomic::{AtomicU32, Ordering};
 use cuheap_core::size_class::{class_of, class_size};
@@ -89,14 +89,6 @@ pub unsafe extern "ptx-kernel" fn conformance_layout(pages: u32, slots: u32, out
     }
 }
 
-/// # Safety
-///
-/// `errors` points to two `u32`s.
-#[inline(always)]
-unsafe fn error(errors: *mut u32, which: usize) {
-    // SAFETY: forwarded from the caller.
-    unsafe { AtomicU32::from_ptr(errors.add(which)) }.fetch_add(1, Ordering::Relaxed);
-}
 
 /// Fills each thread's whole block with its thread id (`sz` as in bench).
 ///
@@ -149,7 +141,7 @@ pub unsafe extern "ptx-kernel" fn check_blocks(ptrs: *const *mut u8, n: u32, sz:
     }
     if bad {
         // SAFETY: forwarded from the caller.
-        unsafe { error(errors, 1) };
+        unsafe { count(errors, 1) };
     }
 }
 
@@ -196,7 +188,7 @@ pub unsafe extern "ptx-kernel" fn stress_heap(
             let p = unsafe { dev_alloc(&h, size) } as *mut u32;
             if p.is_null() {
                 // SAFETY: forwarded from the caller.
-                unsafe { error(errors, 0) };
+                unsafe { count(errors, 0) };
                 continue;
             }
             let words = size / 4;
@@ -228,7 +220,7 @@ pub unsafe extern "ptx-kernel" fn stress_heap(
             }
             if bad {
                 // SAFETY: forwarded from the caller.
-                unsafe { error(errors, 1) };
+                unsafe { count(errors, 1) };
             }
             // SAFETY: `p` came from this heap.
             unsafe { dev_free(&h, p as *mut u8) };
@@ -271,7 +263,7 @@ pub unsafe extern "ptx-kernel" fn check_fill(x: *mut u32, n: u32, expect: u32, v
         // SAFETY: as above.
         if unsafe { p.read_volatile() } != expect {
             // SAFETY: forwarded from the caller.
-            unsafe { error(errors, 0) };
+            unsafe { count(errors, 0) };
         }
         // SAFETY: as above.
         unsafe { p.write_volatile(value) };

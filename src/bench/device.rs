@@ -186,6 +186,36 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     Ok(report)
 }
 
+/// Fills every thread's whole block with its id, then checks it (another
+/// id means two live blocks overlapped) and its alignment: 16 bytes, and
+/// natural alignment for power-of-two sizes when `natural` (cuheap's
+/// promise). Failures go to `errors[1]`. Untimed.
+pub fn fill_and_check(
+    gpu: &Gpu,
+    ptrs: &DeviceMemory,
+    errors: &DeviceMemory,
+    n: u32,
+    sz: u32,
+    natural: bool,
+) -> Result<()> {
+    // SAFETY: fill_blocks(ptrs, n, sz) and check_blocks(ptrs, n, sz,
+    // natural, errors) over `n` pointers from an alloc kernel of size `sz`.
+    unsafe {
+        gpu.launch("fill_blocks", n)?
+            .u64(ptrs.ptr())
+            .u32(n)
+            .u32(sz)
+            .run()?;
+        gpu.launch("check_blocks", n)?
+            .u64(ptrs.ptr())
+            .u32(n)
+            .u32(sz)
+            .u32(natural as u32)
+            .u64(errors.ptr())
+            .run()
+    }
+}
+
 pub fn size_name(s: u32) -> String {
     match s {
         0 => "mixed".into(),
@@ -278,21 +308,7 @@ fn cuheap_case(
             ratio = st.bytes_in_live_pages as f64 / expected_bytes(t, s) as f64;
             footprint = st.bytes_reserved as f64 / expected_bytes(t, s) as f64;
         }
-        // SAFETY: fill_blocks(ptrs, n, sz) and check_blocks(ptrs, n, sz, natural, errors).
-        unsafe {
-            gpu.launch("fill_blocks", t)?
-                .u64(b.ptrs.ptr())
-                .u32(t)
-                .u32(s)
-                .run()?;
-            gpu.launch("check_blocks", t)?
-                .u64(b.ptrs.ptr())
-                .u32(t)
-                .u32(s)
-                .u32(1)
-                .u64(b.errors.ptr())
-                .run()?;
-        }
+        fill_and_check(gpu, &b.ptrs, &b.errors, t, s, true)?;
         let free = || -> Result<()> {
             // SAFETY: matches free_cuheap(meta, data, pages, slots, n, ptrs).
             unsafe {
@@ -356,21 +372,7 @@ fn bump_case(
             times.push(ms);
         }
     }
-    // SAFETY: as in cuheap_case.
-    unsafe {
-        gpu.launch("fill_blocks", t)?
-            .u64(b.ptrs.ptr())
-            .u32(t)
-            .u32(s)
-            .run()?;
-        gpu.launch("check_blocks", t)?
-            .u64(b.ptrs.ptr())
-            .u32(t)
-            .u32(s)
-            .u32(0)
-            .u64(b.errors.ptr())
-            .run()?;
-    }
+    fill_and_check(gpu, &b.ptrs, &b.errors, t, s, false)?;
     report
         .rows
         .push(row("bump (ceiling)", "alloc", t, s, times, b.errors()?));
@@ -428,21 +430,7 @@ fn cuda_case(
             }
         };
         ta.push(gpu.time(alloc)? as f64);
-        // SAFETY: as in cuheap_case.
-        unsafe {
-            gpu.launch("fill_blocks", t)?
-                .u64(b.ptrs.ptr())
-                .u32(t)
-                .u32(s)
-                .run()?;
-            gpu.launch("check_blocks", t)?
-                .u64(b.ptrs.ptr())
-                .u32(t)
-                .u32(s)
-                .u32(0)
-                .u64(b.errors.ptr())
-                .run()?;
-        }
+        fill_and_check(gpu, &b.ptrs, &b.errors, t, s, false)?;
         let free = || -> Result<()> {
             // SAFETY: matches free_cuda(n, ptrs).
             unsafe { gpu.launch("free_cuda", t)?.u32(t).u64(b.ptrs.ptr()).run() }

@@ -53,25 +53,7 @@ pub fn alloc(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32, sz: u32) {
 }
 
 pub fn fill_check(gpu: &Gpu, b: &Bufs, n: u32, sz: u32) {
-    // SAFETY: fill_blocks(ptrs, n, sz), check_blocks(ptrs, n, sz, natural, errors).
-    unsafe {
-        gpu.launch("fill_blocks", n)
-            .unwrap()
-            .u64(b.ptrs.ptr())
-            .u32(n)
-            .u32(sz)
-            .run()
-            .unwrap();
-        gpu.launch("check_blocks", n)
-            .unwrap()
-            .u64(b.ptrs.ptr())
-            .u32(n)
-            .u32(sz)
-            .u32(1)
-            .u64(b.errors.ptr())
-            .run()
-            .unwrap();
-    }
+    cuheap::bench::device::fill_and_check(gpu, &b.ptrs, &b.errors, n, sz, true).unwrap();
     gpu.sync().unwrap();
 }
 
