@@ -7,7 +7,8 @@
 //! address range with memory mapped behind a prefix, and
 //! [`DeviceHeap::grow`] maps more and raises the heap's usable-page limit
 //! in device memory. Kernels read that limit when they look for a fresh
-//! page, so the heap grows between launches and also while one runs.
+//! page, so the heap grows between launches. (Growing under a running
+//! kernel did not help that kernel in a test on an H100; see the README.)
 
 use crate::driver::{DeviceMemory, Gpu};
 use crate::error::{Context, Error, Result};
@@ -94,10 +95,9 @@ impl DeviceHeap {
         Ok(heap)
     }
 
-    /// Maps memory until `bytes` are usable and tells the heap, without
-    /// waiting for running kernels (the limit is written on the heap's own
-    /// non-blocking stream; kernels see it on their next fresh page).
-    /// Returns the usable bytes. Fixed heaps cannot grow.
+    /// Maps memory until `bytes` are usable and writes the new page limit
+    /// (on the heap's own non-blocking stream); launches after this call
+    /// use the new pages. Returns the usable bytes. Fixed heaps cannot grow.
     pub fn grow(&self, bytes: usize) -> Result<usize> {
         let Data::Growable { region, stream } = &self.data else {
             return Err(Error::InvalidArgument(

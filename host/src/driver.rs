@@ -76,16 +76,16 @@ impl Gpu {
     pub fn open_with_options(ptx: &str, options: LoadOptions) -> Result<Gpu> {
         let text = std::ffi::CString::new(ptx)
             .map_err(|_| Error::InvalidArgument("PTX with a NUL byte".into()))?;
-        Self::open_with(text.into_bytes_with_nul(), options)
+        Self::open_with(Self::open_context()?, text.into_bytes_with_nul(), options)
     }
 
     /// Opens GPU 0 with one module JIT-linked from several PTX sources
     /// (`cuLink*`): how CUDA C/C++ code compiled with `-rdc` reaches
     /// `cuheap_malloc`/`cuheap_free` in cuheap's PTX.
     pub fn open_linked(ptx: &[&str]) -> Result<Gpu> {
-        Self::open_context()?;
+        let ctx = Self::open_context()?;
         let cubin = link(ptx)?;
-        Self::open_with(cubin, LoadOptions::default())
+        Self::open_with(ctx, cubin, LoadOptions::default())
     }
 
     /// Makes sure a driver and a device exist before any other driver call.
@@ -103,9 +103,8 @@ impl Gpu {
         Ok(ctx)
     }
 
-    /// Opens GPU 0 and loads `image` (NUL-terminated PTX, or a cubin).
-    fn open_with(image: Vec<u8>, options: LoadOptions) -> Result<Gpu> {
-        let ctx = Self::open_context()?;
+    /// Loads `image` (NUL-terminated PTX, or a cubin) into `ctx`.
+    fn open_with(ctx: Arc<CudaContext>, image: Vec<u8>, options: LoadOptions) -> Result<Gpu> {
         let stream = ctx.default_stream();
         let module = load_module(&image, options)?;
         let mut version = 0i32;

@@ -271,11 +271,18 @@ thread_local! {
     static LAST: std::cell::RefCell<Option<(u64, usize, Arc<StreamCache>)>> = const { std::cell::RefCell::new(None) };
 }
 
+thread_local! {
+    /// This thread's slot in the backing heap: a hash of its id, computed once.
+    static SLOT: u32 = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::thread::current().id().hash(&mut h);
+        h.finish() as u32
+    };
+}
+
 fn thread_slot() -> u32 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    std::thread::current().id().hash(&mut h);
-    h.finish() as u32
+    SLOT.with(|s| *s)
 }
 
 impl Pool {
@@ -590,7 +597,7 @@ impl Pool {
 
     fn exhausted(&self, requested: usize) -> Error {
         let s = self.stats();
-        let largest = self.largest_free_run();
+        let (_, largest) = self.free_space();
         Error::PoolExhausted {
             requested,
             reserved: s.reserved,
@@ -697,19 +704,20 @@ impl Pool {
         self.trim(self.release_threshold)
     }
 
-    fn largest_free_run(&self) -> usize {
+    /// Free bytes of the mapped heap and its largest free run, in one pass.
+    fn free_space(&self) -> (usize, usize) {
         let heap = self.heap();
-        let limit = heap.limit();
-        let (mut best, mut run) = (0u32, 0u32);
-        for p in 0..limit {
+        let (mut free, mut best, mut run) = (0usize, 0u32, 0u32);
+        for p in 0..heap.limit() {
             if heap.any_in_use(p, p + 1) {
                 run = 0;
             } else {
+                free += 1;
                 run += 1;
                 best = best.max(run);
             }
         }
-        best as usize * PAGE_SIZE
+        (free * PAGE_SIZE, best as usize * PAGE_SIZE)
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -724,11 +732,7 @@ impl Pool {
                 *t += v;
             }
         }
-        let heap = self.heap();
-        let limit = heap.limit();
-        let free_pages = (0..limit).filter(|&p| !heap.any_in_use(p, p + 1)).count();
-        let free_bytes = free_pages * PAGE_SIZE;
-        let largest = self.largest_free_run();
+        let (free_bytes, largest) = self.free_space();
         let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
         let in_use = (self.folded.load(Ordering::Relaxed) + net).max(0) as usize;
         let gone = *self

@@ -305,8 +305,9 @@ fn cuheap_case(
         let ms_a = gpu.time(alloc)? as f64;
         if rep == 1 {
             let st = heap.stats()?;
-            ratio = st.bytes_in_live_pages as f64 / expected_bytes(t, s) as f64;
-            footprint = st.bytes_reserved as f64 / expected_bytes(t, s) as f64;
+            let requested = expected_bytes(t, s) as f64;
+            ratio = st.bytes_in_live_pages as f64 / requested;
+            footprint = st.bytes_reserved as f64 / requested;
         }
         fill_and_check(gpu, &b.ptrs, &b.errors, t, s, true)?;
         let free = || -> Result<()> {
