@@ -1,0 +1,260 @@
+//! Allocation: reserve blocks on a slot's current page, claim them from
+//! the bitmap, install a new page when it is full, and the out-of-memory
+//! fallbacks (spans of whole units, a scan of every page of the class).
+
+use super::{AllocError, Heap};
+use crate::page::{decode_kind, Kind, STATE_ATTACHED, STATE_LISTED};
+use crate::page_map::PageMap;
+use crate::size_class::{blocks_per_page, class_of, page_units, CLASS_COUNT};
+use crate::stats::Counters;
+use crate::sync::{spin_hint, Ordering};
+use crate::word::Word;
+
+/// Blocks of one class reserved on one page, not yet claimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub page: u32,
+    pub class: u32,
+    pub count: u32,
+    /// Word to start claiming at.
+    pub start: u32,
+}
+
+/// Blocks claimed from one bitmap word of one page: bit `b` of `mask` is
+/// block `word * W::BITS + b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run<W> {
+    pub page: u32,
+    pub word: u32,
+    pub mask: W,
+}
+
+/// A slot's cache entry while one thread installs a page there.
+const INSTALLING: u32 = u32::MAX;
+/// Slots whose lists are tried before a fresh page.
+const NEAR_SLOTS: u32 = 4;
+
+impl<W: Word> Heap<'_, W> {
+    /// Allocates `size` bytes; slot `slot` picks the current pages to use.
+    pub fn alloc(&self, size: usize, slot: u32) -> Result<*mut u8, AllocError> {
+        match class_of(size) {
+            Some(class) => match self.reserve(class, 1, slot) {
+                Ok(mut g) => {
+                    let run = self.claim(&mut g);
+                    Ok(self.run_addr(&run, class, 0))
+                }
+                Err(_) => self.alloc_fallback(size, class, slot),
+            },
+            None => self.alloc_span(size, slot),
+        }
+    }
+
+    /// After [`Heap::reserve`] failed for `class`: a class whose pages are
+    /// several units long may still fit as a span of whole units (a small
+    /// or fragmented heap); otherwise the failure is counted here.
+    #[cold]
+    #[inline(never)]
+    pub fn alloc_fallback(
+        &self,
+        size: usize,
+        class: u32,
+        slot: u32,
+    ) -> Result<*mut u8, AllocError> {
+        if page_units(class) > 1 {
+            return self.alloc_span(size, slot);
+        }
+        Err(self.fail(AllocError::OutOfMemory))
+    }
+
+    /// Reserves up to `want` (1..=4096) blocks of `class` on one page: the
+    /// bulk entry point behind warp aggregation. The grant may hold fewer
+    /// than `want` blocks when the page fills; ask again for the rest.
+    /// Out of memory is not counted here: callers finish with
+    /// [`Heap::alloc_fallback`], which counts what finally fails.
+    #[inline(always)]
+    pub fn reserve(&self, class: u32, want: u32, slot: u32) -> Result<Grant, AllocError> {
+        if class as usize >= CLASS_COUNT || want == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        let cache = self.slot_cache(class, slot);
+        loop {
+            // Relaxed: the `take` below acquires the page's state.
+            let cur = cache.load(Ordering::Relaxed);
+            if cur == INSTALLING {
+                spin_hint();
+                continue;
+            }
+            if cur == 0 {
+                self.install_page(class, slot)?;
+                continue;
+            }
+            let page = cur - 1;
+            let d = &self.descs[page as usize];
+            let before = d.take(want);
+            let got = if before.live && before.free > 0 {
+                (before.free as u32).min(want)
+            } else {
+                0
+            };
+            if got < want {
+                self.return_blocks(page, want - got, slot);
+            }
+            if got > 0 {
+                // Relaxed: `take` (AcqRel) synchronised with the activation
+                // that wrote the kind before its release.
+                if decode_kind(d.kind.load(Ordering::Relaxed)) == Kind::Class(class) {
+                    let cap = blocks_per_page(class);
+                    return Ok(Grant {
+                        page,
+                        class,
+                        count: got,
+                        start: cap.saturating_sub(before.free as u32) / W::BITS,
+                    });
+                }
+                // The slot was re-pointed after we read it and the page now
+                // serves another class: not ours to use.
+                self.return_blocks(page, got, slot);
+                continue;
+            }
+            // Full: detach it so the next round takes another page.
+            if cache
+                .compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                let a = d.float();
+                self.settle(page, a, slot);
+            }
+        }
+    }
+
+    /// Claims up to `g.count` reserved blocks from one word.
+    #[inline(always)]
+    pub fn claim(&self, g: &mut Grant) -> Run<W> {
+        let bm = self.bitmap(g.page);
+        let nwords = blocks_per_page(g.class).div_ceil(W::BITS);
+        loop {
+            // A reservation guarantees enough set bits; a pass can miss them
+            // only while other claimers move, so retrying terminates.
+            if let Some((word, mask)) = bm.claim(g.start, nwords, g.count) {
+                g.count -= mask.count_ones();
+                g.start = word;
+                return Run {
+                    page: g.page,
+                    word,
+                    mask,
+                };
+            }
+            spin_hint();
+        }
+    }
+
+    /// Gives a slot a current page for `class` (cold path). One thread per
+    /// slot does it (the slot holds `INSTALLING` meanwhile), so a burst of
+    /// warps finding the page full takes one new page, not one each.
+    #[inline(never)]
+    fn install_page(&self, class: u32, slot: u32) -> Result<(), AllocError> {
+        let cache = self.slot_cache(class, slot);
+        if cache
+            .compare_exchange(0, INSTALLING, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return Ok(()); // someone else is installing or installed one
+        }
+        match self.acquire_page(class, slot) {
+            Some(p) => {
+                cache.store(p + 1, Ordering::Release);
+                Ok(())
+            }
+            None => {
+                cache.store(0, Ordering::Release);
+                self.reserve_by_scan_or_fail(class, slot)
+            }
+        }
+    }
+
+    /// A page for `class`, attached to nobody yet (state `ATTACHED`): this
+    /// slot's list, nearby slots' lists, a fresh page, any slot's list,
+    /// then empty pages reclaimed from every list.
+    fn acquire_page(&self, class: u32, slot: u32) -> Option<u32> {
+        let pop = |s: u32| {
+            let p = self.list(class, s).pop(self.next_of())?;
+            self.descs[p as usize]
+                .state
+                .store(STATE_ATTACHED, Ordering::Relaxed);
+            Some(p)
+        };
+        for k in 0..NEAR_SLOTS.min(self.slots) {
+            if let Some(p) = pop(slot.wrapping_add(k)) {
+                return Some(p);
+            }
+        }
+        let hint = slot.wrapping_mul(0x9E37_79B9) % self.limit();
+        if let Some(p) = self.claim_units(page_units(class), hint) {
+            self.activate(p, class);
+            return Some(p);
+        }
+        for k in NEAR_SLOTS..self.slots {
+            if let Some(p) = pop(slot.wrapping_add(k)) {
+                return Some(p);
+            }
+        }
+        if self.scavenge() > 0 {
+            if let Some(p) = self.claim_units(page_units(class), 0) {
+                self.activate(p, class);
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// Claims `units` free consecutive units from the page map.
+    fn claim_units(&self, units: u32, hint: u32) -> Option<u32> {
+        let map = PageMap::new(self.page_map);
+        if units == 1 {
+            map.claim_one(hint, self.limit())
+        } else {
+            map.claim_run(units, self.limit(), hint)
+        }
+    }
+
+    /// Out of fresh pages: before failing, look for free blocks of `class`
+    /// on any page: floating pages under the list threshold and other
+    /// slots' current pages are moved to this slot's list, where the next
+    /// reserve round finds them. Nothing free is ever reported as exhausted.
+    #[inline(never)]
+    fn reserve_by_scan_or_fail(&self, class: u32, slot: u32) -> Result<(), AllocError> {
+        for (p, d) in self.descs.iter().enumerate() {
+            let p = p as u32;
+            if d.kind.load(Ordering::Acquire) != class + 1 || d.now().free <= 0 {
+                continue;
+            }
+            if !d.now().floating {
+                // Attached to a slot (or listed): detach it from whichever
+                // slot holds it; the winner of that CAS floats it.
+                let held = (0..self.slots).any(|s| {
+                    self.slot_cache(class, s)
+                        .compare_exchange(p + 1, 0, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                });
+                if !held {
+                    if d.state.load(Ordering::Relaxed) == STATE_LISTED {
+                        return Ok(()); // some list holds it: acquire finds it
+                    }
+                    continue;
+                }
+                d.float();
+            }
+            if d.unfloat() {
+                self.list_page(p, class, slot);
+                return Ok(());
+            }
+        }
+        Err(AllocError::OutOfMemory)
+    }
+
+    #[cold]
+    pub(super) fn fail(&self, e: AllocError) -> AllocError {
+        Counters::bump(&self.counters.failed_allocs, 1);
+        e
+    }
+}

@@ -1,0 +1,142 @@
+//! Structural invariants of the whole heap, checked while it is quiet.
+
+use super::lifecycle::list_threshold;
+use super::Heap;
+use crate::page::{Avail, Kind, STATE_ATTACHED, STATE_FLOATING, STATE_LISTED};
+use crate::page_map::PageMap;
+use crate::size_class::{blocks_per_page, page_units, CLASS_COUNT};
+use crate::sync::Ordering;
+use crate::word::Word;
+
+impl<W: Word> Heap<'_, W> {
+    /// Checks every structural invariant; call only while no thread uses
+    /// the heap. Returns the first violation found.
+    pub fn check_invariants(&self) -> Result<(), &'static str> {
+        let map = PageMap::new(self.page_map);
+        let mut p = 0u32;
+        while p < self.page_count {
+            let d = &self.descs[p as usize];
+            match d.kind() {
+                Kind::Free => {
+                    if map.is_set(p) {
+                        return Err("free page marked used in the page map");
+                    }
+                    if d.now()
+                        != (Avail {
+                            floating: false,
+                            live: false,
+                            free: 0,
+                        })
+                    {
+                        return Err("free page with a live counter");
+                    }
+                }
+                Kind::Class(c) => {
+                    if c as usize >= CLASS_COUNT {
+                        return Err("page of an unknown class");
+                    }
+                    if !map.is_set(p) {
+                        return Err("class page free in the page map");
+                    }
+                    let a = d.now();
+                    if !a.live {
+                        return Err("class page not live");
+                    }
+                    let cap = blocks_per_page(c);
+                    let nwords = cap.div_ceil(W::BITS);
+                    let bm = self.bitmap(p);
+                    if bm.count_free(nwords) as i64 != a.free {
+                        return Err("bitmap free count differs from avail");
+                    }
+                    let last = bm.word(nwords - 1);
+                    let valid = cap - (nwords - 1) * W::BITS;
+                    if last & !W::low_bits(valid) != W::ZERO {
+                        return Err("bitmap bit set past the page's blocks");
+                    }
+                    let attached = (0..self.slots)
+                        .filter(|&s| self.slot_cache(c, s).load(Ordering::Relaxed) == p + 1)
+                        .count();
+                    let state = d.state.load(Ordering::Relaxed);
+                    match (state, attached, a.floating) {
+                        (STATE_ATTACHED, 1, false)
+                        | (STATE_FLOATING, 0, true)
+                        | (STATE_LISTED, 0, false) => {}
+                        _ => {
+                            return Err(
+                                "page state disagrees with the slot caches or the floating flag",
+                            )
+                        }
+                    }
+                    if a.floating && a.free >= list_threshold(cap) as i64 {
+                        return Err("floating page with free blocks is neither listed nor retired");
+                    }
+                    let units = page_units(c);
+                    for k in 1..units {
+                        let q = p + k;
+                        let t = &self.descs[q as usize];
+                        if q >= self.page_count
+                            || !map.is_set(q)
+                            || t.kind() != Kind::ClassTail
+                            || t.span.load(Ordering::Relaxed) != k
+                        {
+                            return Err("class page tail unit not marked");
+                        }
+                    }
+                    p += units;
+                    continue;
+                }
+                Kind::SpanHead => {
+                    let n = d.span.load(Ordering::Relaxed);
+                    if n == 0 || p + n > self.page_count {
+                        return Err("span length out of range");
+                    }
+                    for q in p..p + n {
+                        if !map.is_set(q) {
+                            return Err("span page free in the page map");
+                        }
+                        if q > p && self.descs[q as usize].kind() != Kind::SpanTail {
+                            return Err("span tail page not marked");
+                        }
+                    }
+                    p += n;
+                    continue;
+                }
+                Kind::SpanTail => return Err("span tail without a head"),
+                Kind::ClassTail => return Err("class page tail without a head"),
+            }
+            p += 1;
+        }
+        // Every listed page is on one list of its class, once.
+        let mut listed = 0u64;
+        for (i, head) in self.lists.iter().enumerate() {
+            let class = (i % CLASS_COUNT) as u32;
+            let mut at = (head.load(Ordering::Relaxed) & 0xFFFF_FFFF) as u32;
+            let mut steps = 0;
+            while at != 0 {
+                let d = &self.descs[at as usize - 1];
+                if d.kind() != Kind::Class(class) || d.state.load(Ordering::Relaxed) != STATE_LISTED
+                {
+                    return Err("list holds a page that is not a listed page of its class");
+                }
+                listed += 1;
+                steps += 1;
+                if steps > self.page_count {
+                    return Err("cycle in a page list");
+                }
+                at = d.next.load(Ordering::Relaxed);
+            }
+        }
+        let states = self
+            .descs
+            .iter()
+            .filter(|d| {
+                matches!(d.kind(), Kind::Class(_))
+                    && d.state.load(Ordering::Relaxed) == STATE_LISTED
+            })
+            .count() as u64;
+        if states != listed {
+            return Err("listed pages missing from their lists");
+        }
+        Ok(())
+    }
+}

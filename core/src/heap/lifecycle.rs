@@ -1,0 +1,112 @@
+//! A class page's life cycle: activated on fresh units, listed once a
+//! quarter of it is free, retired (its units back to the page map) once all
+//! of it is, and the scavenger that retires empty pages parked on lists.
+
+use super::Heap;
+use crate::page::{Avail, Kind, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
+use crate::page_map::PageMap;
+use crate::size_class::{blocks_per_page, page_units, CLASS_COUNT};
+use crate::stats::Counters;
+use crate::sync::Ordering;
+use crate::word::Word;
+
+/// Pages of a class are listed once this many blocks are free.
+#[inline(always)]
+pub(super) const fn list_threshold(cap: u32) -> u32 {
+    // (see `settle`)
+    let t = cap / 4;
+    if t == 0 {
+        1
+    } else {
+        t
+    }
+}
+
+impl<W: Word> Heap<'_, W> {
+    pub(super) fn activate(&self, page: u32, class: u32) {
+        for k in 1..page_units(class) {
+            let tail = &self.descs[(page + k) as usize];
+            tail.span.store(k, Ordering::Relaxed);
+            tail.kind.store(KIND_CLASS_TAIL, Ordering::Release);
+        }
+        let cap = blocks_per_page(class);
+        self.bitmap(page).fill(cap);
+        self.descs[page as usize].activate(class, cap);
+        Counters::bump(&self.counters.pages_activated, 1);
+    }
+
+    pub(super) fn list_page(&self, page: u32, class: u32, slot: u32) {
+        self.descs[page as usize]
+            .state
+            .store(STATE_LISTED, Ordering::Relaxed);
+        self.list(class, slot).push(page, self.next_of());
+    }
+
+    /// Acts on a floating page given the `avail` one RMW returned: retires
+    /// it when empty, lists it when a quarter is free.
+    #[inline(never)]
+    pub(super) fn settle(&self, page: u32, a: Avail, slot: u32) {
+        let d = &self.descs[page as usize];
+        let Kind::Class(class) = d.kind() else { return };
+        let cap = blocks_per_page(class);
+        if a.free >= cap as i64 && d.try_retire(cap, true) {
+            self.release_page(page, class);
+        } else if a.free >= list_threshold(cap) as i64 && d.unfloat() {
+            self.list_page(page, class, slot);
+        }
+    }
+
+    /// Gives a retired page's units back to the page map.
+    pub(super) fn release_page(&self, page: u32, class: u32) {
+        let units = page_units(class);
+        for p in page..page + units {
+            let d = &self.descs[p as usize];
+            d.state.store(STATE_NONE, Ordering::Relaxed);
+            d.kind.store(KIND_FREE, Ordering::Release);
+        }
+        Counters::bump(&self.counters.pages_retired, 1);
+        PageMap::new(self.page_map).release_run(page, units);
+    }
+
+    /// Returns `n` blocks of a class page to its `avail`, then settles it.
+    #[inline(always)]
+    pub(super) fn return_blocks(&self, page: u32, n: u32, slot: u32) {
+        let a = self.descs[page as usize].add(n);
+        if a.floating {
+            self.settle(page, a, slot);
+        }
+    }
+
+    /// Retires the empty pages parked on lists so any class or span can use
+    /// them. Returns how many it retired.
+    #[inline(never)]
+    pub fn scavenge(&self) -> u32 {
+        let mut retired = 0;
+        for slot in 0..self.slots {
+            for class in 0..CLASS_COUNT as u32 {
+                let list = self.list(class, slot);
+                if list.is_empty() {
+                    continue;
+                }
+                let cap = blocks_per_page(class);
+                let mut kept = 0u32; // private chain through `next`, page + 1
+                while let Some(p) = list.pop(self.next_of()) {
+                    let d = &self.descs[p as usize];
+                    if d.try_retire(cap, false) {
+                        self.release_page(p, class);
+                        retired += 1;
+                    } else {
+                        d.next.store(kept, Ordering::Relaxed);
+                        kept = p + 1;
+                    }
+                }
+                while kept != 0 {
+                    let p = kept - 1;
+                    kept = self.descs[p as usize].next.load(Ordering::Relaxed);
+                    list.push(p, self.next_of());
+                }
+            }
+        }
+        retired
+    }
+}

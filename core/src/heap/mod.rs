@@ -1,0 +1,222 @@
+//! The heap: size-class pages over a caller-provided region.
+//!
+//! Allocation of `n` blocks of one class from slot `s` (a GPU uses its SM
+//! id, host threads a hash of their id):
+//!
+//! 1. read the slot's current page for the class (`cache`);
+//! 2. [`PageDesc::reserve`] `n` blocks there: one `fetch_sub`;
+//! 3. claim the reserved blocks from the page's bitmap: one `fetch_and`
+//!    per word (32 blocks for a `u32` word), starting at the word the
+//!    reservation counter points to, so concurrent reservers spread out.
+//!
+//! When the current page is full the slot detaches it and takes a page
+//! from the class's list of partly free pages, else a fresh page from the
+//! page map, else retires empty pages parked on other classes' lists, else
+//! (out of memory) scans every page of the class for a free block. Freeing
+//! is one `fetch_or` on the bitmap and one `fetch_add` on `avail`; the page
+//! is listed once a quarter of it is free and retired (returned to the page
+//! map, for any class or span) once all of it is.
+//!
+//! This file holds the view ([`Heap`], [`HeapHandle`]), the errors and the
+//! accessors; `alloc` the allocation paths, `lifecycle` listing and
+//! retiring pages, `span` whole-page requests, `free` freeing and address
+//! lookup, `check` the invariant checks.
+
+mod alloc;
+mod check;
+mod free;
+mod lifecycle;
+mod span;
+
+pub use alloc::{Grant, Run};
+pub use free::{BlockInfo, FreeOutcome, Located};
+
+use crate::bitmap::Bitmap;
+use crate::layout::Layout;
+use crate::page::PageDesc;
+use crate::page_list::PageList;
+use crate::page_map::PageMap;
+use crate::size_class::{class_size, BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
+use crate::stats::{Counters, Stats};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::word::Word;
+
+/// What a kernel (or the host) needs to reach a heap: two device addresses
+/// and the shape. `#[repr(C)]`, passed by value to kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapHandle {
+    /// Zero-initialised metadata of [`Layout::meta_bytes`] bytes.
+    pub meta: u64,
+    /// [`PAGE_SIZE`]-aligned data region of `page_count` pages.
+    pub data: u64,
+    pub page_count: u32,
+    pub slots: u32,
+}
+
+/// Why an allocation returned null. Every failure is also counted in
+/// [`Counters::failed_allocs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocError {
+    ZeroSize,
+    /// Larger than the whole heap.
+    TooLarge,
+    OutOfMemory,
+}
+
+/// Why a free was refused. Every refusal is counted in
+/// [`Counters::bad_frees`] and leaves the heap unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeError {
+    /// Outside the heap's data region.
+    Foreign,
+    /// Inside a block or span, not at its start (or in a page's tail).
+    Interior,
+    /// The block (or span) is not allocated: a double free or a stray pointer.
+    NotAllocated,
+}
+
+/// A heap over a metadata region and a data region.
+pub struct Heap<'a, W: Word = u32> {
+    data: usize,
+    page_count: u32,
+    slots: u32,
+    counters: &'a Counters,
+    lists: &'a [AtomicU64],
+    cache: &'a [AtomicU32],
+    descs: &'a [PageDesc],
+    page_map: &'a [AtomicU32],
+    bitmaps: &'a [W::Atomic],
+}
+
+/// Bitmap words of one page for word type `W`.
+#[inline(always)]
+const fn words_per_page<W: Word>() -> usize {
+    BITMAP_BYTES_PER_PAGE * 8 / W::BITS as usize
+}
+
+impl<'a, W: Word> Heap<'a, W> {
+    /// A view of the heap described by `h`.
+    ///
+    /// # Safety
+    ///
+    /// - `h.meta` points to [`Layout::new(h.page_count, h.slots).meta_bytes`](Layout)
+    ///   bytes, 128-byte aligned, that were zeroed before first use and are
+    ///   only ever accessed through heap views (atomically) for `'a`;
+    /// - `h.data` is [`PAGE_SIZE`]-aligned and `h.page_count * PAGE_SIZE`
+    ///   bytes long, valid for `'a`;
+    /// - `h.page_count >= 1`, `h.slots >= 1`, and every view of this heap
+    ///   uses the same word type `W`.
+    #[inline(always)]
+    pub unsafe fn from_handle(h: &HeapHandle) -> Heap<'a, W> {
+        let l = Layout::new(h.page_count, h.slots);
+        let m = h.meta as usize as *const u8;
+        let n = h.page_count as usize;
+        // SAFETY: the caller guarantees the region is `meta_bytes` long,
+        // aligned and zero-initialised; the layout places each array inside
+        // it at a 128-byte boundary; zero is a valid value of every atomic.
+        unsafe {
+            Heap {
+                data: h.data as usize,
+                page_count: h.page_count,
+                slots: h.slots,
+                counters: &*(m.add(l.counters) as *const Counters),
+                lists: core::slice::from_raw_parts(
+                    m.add(l.lists) as *const AtomicU64,
+                    h.slots as usize * CLASS_COUNT,
+                ),
+                cache: core::slice::from_raw_parts(
+                    m.add(l.cache) as *const AtomicU32,
+                    h.slots as usize * CLASS_COUNT,
+                ),
+                descs: core::slice::from_raw_parts(m.add(l.descs) as *const PageDesc, n),
+                page_map: core::slice::from_raw_parts(
+                    m.add(l.page_map) as *const AtomicU32,
+                    n.div_ceil(32),
+                ),
+                bitmaps: core::slice::from_raw_parts(
+                    m.add(l.bitmaps) as *const W::Atomic,
+                    n * words_per_page::<W>(),
+                ),
+            }
+        }
+    }
+
+    pub fn page_count(&self) -> u32 {
+        self.page_count
+    }
+
+    /// Pages new pages and spans may come from: `0..limit()`.
+    #[inline(always)]
+    pub fn limit(&self) -> u32 {
+        let l = self.counters.page_limit.load(Ordering::Relaxed);
+        if l == 0 || l > self.page_count as u64 {
+            self.page_count
+        } else {
+            l as u32
+        }
+    }
+
+    /// Sets the usable pages to `0..pages` (clamped to the heap). Lowering
+    /// it stops new claims above the limit; pages in use there stay valid.
+    pub fn set_limit(&self, pages: u32) {
+        self.counters
+            .page_limit
+            .store(pages.min(self.page_count).max(1) as u64, Ordering::Release);
+    }
+
+    /// Whether any page in `from..to` is in use (a snapshot).
+    pub fn any_in_use(&self, from: u32, to: u32) -> bool {
+        let map = PageMap::new(self.page_map);
+        (from..to.min(self.page_count)).any(|p| map.is_set(p))
+    }
+
+    pub fn counters(&self) -> &Counters {
+        self.counters
+    }
+
+    pub fn descs(&self) -> &[PageDesc] {
+        self.descs
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats::collect(self.descs, self.counters)
+    }
+
+    #[inline(always)]
+    pub(super) fn bitmap(&self, page: u32) -> Bitmap<'a, W> {
+        let w = words_per_page::<W>();
+        let at = page as usize * w;
+        Bitmap::new(&self.bitmaps[at..at + w])
+    }
+
+    /// Slot `slot`'s list of partly free pages of `class`.
+    #[inline(always)]
+    pub(super) fn list(&self, class: u32, slot: u32) -> PageList<'a> {
+        PageList::new(&self.lists[(slot % self.slots) as usize * CLASS_COUNT + class as usize])
+    }
+
+    #[inline(always)]
+    pub(super) fn next_of(&self) -> impl Fn(u32) -> &'a AtomicU32 + 'a {
+        let descs = self.descs;
+        move |p| &descs[p as usize].next
+    }
+
+    #[inline(always)]
+    pub(super) fn slot_cache(&self, class: u32, slot: u32) -> &'a AtomicU32 {
+        &self.cache[(slot % self.slots) as usize * CLASS_COUNT + class as usize]
+    }
+
+    /// Address of block `index` of `page` in `class`.
+    #[inline(always)]
+    pub fn block_addr(&self, page: u32, class: u32, index: u32) -> *mut u8 {
+        (self.data + page as usize * PAGE_SIZE + index as usize * class_size(class) as usize)
+            as *mut u8
+    }
+
+    /// Address of the `r`-th block of a claimed run.
+    #[inline(always)]
+    pub fn run_addr(&self, run: &Run<W>, class: u32, r: u32) -> *mut u8 {
+        self.block_addr(run.page, class, run.word * W::BITS + run.mask.nth_set(r))
+    }
+}
