@@ -3,7 +3,7 @@
 //!
 //! Settings (environment): `CUHEAP_PTX_ARCH` (default `sm_80`, which the
 //! driver JIT-compiles for A100, H100 and newer), `CUHEAP_NIGHTLY` (the
-//! toolchain name, default `nightly`), `CUHEAP_ATOMIC_SCOPE` (`gpu`, the
+//! toolchain name, default from `rust-nightly`), `CUHEAP_ATOMIC_SCOPE` (`gpu`, the
 //! default, or `sys`: which atomics `cuheap-core` uses on the GPU).
 
 use std::env;
@@ -44,7 +44,10 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CUHEAP_ATOMIC_SCOPE");
 
     let arch = env::var("CUHEAP_PTX_ARCH").unwrap_or_else(|_| "sm_80".into());
-    let toolchain = env::var("CUHEAP_NIGHTLY").unwrap_or_else(|_| "nightly".into());
+    // Pinned in `rust-nightly` (CI installs the same): plain `nightly` moved
+    // from 1.97 to 1.101 between two fresh machines.
+    let toolchain =
+        env::var("CUHEAP_NIGHTLY").unwrap_or_else(|_| include_str!("rust-nightly").trim().into());
     let scope = match env::var("CUHEAP_ATOMIC_SCOPE").as_deref() {
         Ok("gpu") | Err(_) => "",
         Ok("sys") => "\x1f--cfg\x1fcuheap_sys_atomics",
