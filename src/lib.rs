@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+#[cfg(feature = "cli")]
 pub mod bench;
 
 pub use cuheap_core as core;

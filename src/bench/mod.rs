@@ -1,13 +1,15 @@
 //! The benchmarks behind `cuheap bench`: host threads on `cuheap-core`
 //! ([`cpu`]), in-kernel allocation on the GPU ([`device`]) and the host pool
 //! against CUDA's allocators ([`host`]), reported as
-//! a table, JSON and an SVG chart ([`report`]).
+//! a table, JSON and an SVG chart ([`report`]). What each thread asks for
+//! is in [`workload`], which the benchmark kernels compile too.
 
 pub mod cpu;
 pub mod device;
 pub mod host;
 pub mod replay;
 pub mod report;
+pub mod workload;
 
 /// Median of a non-empty sample (the mean of the middle two for even sizes).
 pub fn median(xs: &mut [f64]) -> f64 {

@@ -1,5 +1,7 @@
 //! Benchmark workloads, shared so the kernels and the host agree on what
-//! each thread asks for.
+//! each thread asks for. Plain `no_std` code with no imports: the GPU
+//! benchmark kernels compile this same file (`#[path]`), so the allocator's
+//! core does not carry benchmark code.
 
 /// The size thread `tid` allocates: `sz`, or when `sz == 0` a size fixed
 /// per thread and uniform in 16..=4096 (the "mixed" workload).
