@@ -2,7 +2,7 @@
 //! mixed sizes): alloc + free of a batch of 64 blocks per iteration.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use cuheap_core::workload::thread_size;
+use cuheap::bench::workload::thread_size;
 use cuheap_core::OwnedHeap;
 use std::sync::Barrier;
 
@@ -15,10 +15,11 @@ fn batch(heap: &OwnedHeap<u64>, slot: u32, size: u32, seed: &mut u32) {
         *seed = seed.wrapping_add(1);
         *p = h
             .alloc(thread_size(*seed, size), slot)
-            .unwrap_or(std::ptr::null_mut());
+            .expect("allocation failed: a failure is not work done");
     }
     for &p in ptrs.iter() {
-        let _ = h.free(p, slot);
+        h.free(p, slot)
+            .expect("free refused: a failure is not work done");
     }
 }
 

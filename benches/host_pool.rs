@@ -1,7 +1,9 @@
 //! Per-call latency of the host pool against cuMemAllocAsync (criterion).
-//! Needs a GPU; prints a note and measures nothing without one.
+//! Needs a GPU; prints a note and measures nothing without one. A failed
+//! call stops the run with its error: failures are not timed as work.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use cuheap::bench::host::{Alloc, Async};
 use cuheap::host::{Pool, PoolConfig};
 
 fn bench(c: &mut Criterion) {
@@ -27,12 +29,8 @@ fn bench(c: &mut Criterion) {
             &size,
             |b, &size| {
                 b.iter(|| {
-                    let mut p = 0;
-                    // SAFETY: stream-ordered allocation and free on a live stream.
-                    unsafe {
-                        cudarc::driver::sys::cuMemAllocAsync(&mut p, size, s.cu_stream());
-                        cudarc::driver::sys::cuMemFreeAsync(p, s.cu_stream());
-                    }
+                    let p = Async.alloc(size, &s).expect("cuMemAllocAsync");
+                    Async.free(p, &s).expect("cuMemFreeAsync");
                 })
             },
         );

@@ -102,10 +102,14 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             no_cuda,
         } => {
             let mut out = serde_json::Map::new();
+            // Failed allocations and frees: shown in the tables and JSON,
+            // then the run is an error.
+            let mut failures = 0;
             if which == Which::All || which == Which::Cpu {
                 println!("## Host threads on cuheap-core\n");
                 let rows = cpu::run(2_000_000);
                 println!("{}", cpu::table(&rows));
+                failures += cpu::failures(&rows);
                 out.insert("cpu".into(), serde_json::to_value(&rows)?);
             }
             if which == Which::All || which == Which::Device {
@@ -163,6 +167,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         bar.finish_and_clear();
                         println!("## Host pool\n");
                         println!("{}", host::table(&r));
+                        failures += host::failures(&r);
                         if let Some(path) = &chart {
                             let host_chart = path.with_file_name(format!(
                                 "{}-host.svg",
@@ -182,6 +187,13 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             if let Some(path) = json {
                 std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
+            }
+            if failures > 0 {
+                return Err(format!(
+                    "{failures} allocations or frees failed (the failures columns): \
+                     the figures count only completed pairs"
+                )
+                .into());
             }
             Ok(())
         }
