@@ -18,6 +18,17 @@
 //! gpu.sync()?;
 //! # Ok::<(), cuheap::Error>(())
 //! ```
+//!
+//! A raw address where the table says `errors: *mut u32` does not compile:
+//!
+//! ```compile_fail,E0308
+//! # fn f(bench: &cuheap::kernels::Bench, heap: &cuheap::DeviceHeap,
+//! #      errors: &cuheap::host::DeviceMemory) -> cuheap::Result<()> {
+//! let cfg = cuheap::LaunchConfig::for_threads(64);
+//! // SAFETY: not reached: this does not compile.
+//! unsafe { bench.pair_cuheap(&cfg, heap, 64, 16, errors.ptr())? };
+//! # Ok(()) }
+//! ```
 
 use cuheap_host::HeapHandle;
 

@@ -1,5 +1,5 @@
 //! Kernel launches: a launch configuration, kernels whose argument types
-//! are fixed where they are declared ([`Kernel`]), and [`kernel_table!`],
+//! are fixed where they are declared ([`Kernel`]), and [`kernel_table!`](crate::kernel_table),
 //! which declares a set of them once.
 //!
 //! One contract remains for the caller of a launch, stated once, on
@@ -163,7 +163,7 @@ tuple_args!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10);
 tuple_args!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10, L.11);
 
 /// A kernel whose parameters are the tuple `A`: its launches take exactly
-/// those types. From [`Gpu::kernel`] or a table of [`kernel_table!`].
+/// those types. From [`Gpu::kernel`] or a table of [`kernel_table!`](crate::kernel_table).
 pub struct Kernel<A> {
     function: Function,
     stream: Arc<CudaStream>,
@@ -215,7 +215,7 @@ impl<A: KernelArgs> Kernel<A> {
     /// memory the kernel uses meanwhile. Each kernel's documentation says
     /// what that is for it. `A` matches the kernel's parameters: checked
     /// against the driver's parameter sizes when the kernel was looked up
-    /// (drivers from CUDA 12.4), and for a [`kernel_table!`] against the
+    /// (drivers from CUDA 12.4), and for a [`kernel_table!`](crate::kernel_table) against the
     /// kernels' source when that is compiled.
     pub unsafe fn launch(&self, cfg: &LaunchConfig<'_>, mut args: A) -> Result<()> {
         let stream = cfg.stream.unwrap_or(&self.stream);
@@ -255,7 +255,7 @@ unsafe fn launch_raw(
     .during("cuLaunchKernel")
 }
 
-/// How a parameter type of a [`kernel_table!`] (written as the device's
+/// How a parameter type of a [`kernel_table!`](crate::kernel_table) (written as the device's
 /// type) is passed from the host: the host wrapper takes a `Host` value,
 /// and the kernel receives the bytes of its `Raw` form.
 pub trait Param {
