@@ -1,5 +1,13 @@
 //! Builds `kernels/` (and `cuheap-core` with it) into PTX with the nightly
-//! toolchain's `nvptx64-nvidia-cuda` target and embeds it in the crate.
+//! toolchain's `nvptx64-nvidia-cuda` target, twice, and embeds both:
+//!
+//! - `$OUT_DIR/cuheap.ptx` (`cuheap::PTX`): the kernels crate with its
+//!   `c-abi` feature, the heap and its C ABI, what a program links;
+//! - `$OUT_DIR/cuheap_bench.ptx` (`cuheap::BENCH_PTX`): with its `bench`
+//!   feature, the benchmark and test kernels.
+//!
+//! Each build has its own target directory: both write a
+//! `cuheap_kernels.s`, and one shared directory would keep whichever ran last.
 //!
 //! Settings (environment): `CUHEAP_PTX_ARCH` (default `sm_80`, which the
 //! driver JIT-compiles for A100, H100 and newer), `CUHEAP_NIGHTLY` (the
@@ -36,6 +44,7 @@ fn main() {
         "kernels/Cargo.toml",
         "core/src",
         "core/Cargo.toml",
+        "src/bench/workload.rs",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
@@ -60,7 +69,29 @@ fn main() {
             "CUHEAP_PTX_ARCH={arch} is not a supported target: use sm_70 or newer (default sm_80)"
         ));
     }
-    let target_dir = out.join("kernels-target");
+    let rustflags = format!("-Ctarget-cpu={arch}{scope}");
+    for (feature, file) in [("c-abi", "cuheap.ptx"), ("bench", "cuheap_bench.ptx")] {
+        let target_dir = out.join(format!("kernels-{feature}"));
+        build_ptx(&root, &toolchain, &rustflags, feature, &target_dir);
+        // Where cargo puts `--emit=asm` output differs between versions
+        // (`release/deps/` before its build-dir layout, `build/<pkg>/<hash>/out/`
+        // after): take the newest `cuheap_kernels*.s` under the target dir.
+        let mut found = Vec::new();
+        find_asm(&target_dir.join("nvptx64-nvidia-cuda/release"), &mut found);
+        found.sort_by_key(|(t, _)| *t);
+        match found.pop() {
+            Some((_, ptx)) => copy(&ptx, &out.join(file)),
+            None => fail(&format!(
+                "no cuheap_kernels*.s under {}",
+                target_dir.display()
+            )),
+        }
+    }
+    println!("cargo:rustc-env=CUHEAP_PTX_ARCH={arch}");
+}
+
+/// Runs the nested nightly build of the kernels crate with `feature`.
+fn build_ptx(root: &Path, toolchain: &str, rustflags: &str, feature: &str, target_dir: &Path) {
     let mut cmd = Command::new("cargo");
     for v in SCRUB {
         cmd.env_remove(v);
@@ -72,18 +103,17 @@ fn main() {
             "--target",
             "nvptx64-nvidia-cuda",
             "-Zbuild-std=core",
+            "--features",
+            feature,
         ])
         .arg("--manifest-path")
         .arg(root.join("kernels/Cargo.toml"))
         .arg("--target-dir")
-        .arg(&target_dir)
+        .arg(target_dir)
         .args(["--", "--emit=asm", "-C", "linker=true"])
         // Every crate of the nested build (core included) for the same GPU:
         // newer nightlies refuse to mix target-cpu across crates.
-        .env(
-            "CARGO_ENCODED_RUSTFLAGS",
-            format!("-Ctarget-cpu={arch}{scope}"),
-        );
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags);
     let output = match cmd.output() {
         Ok(o) => o,
         Err(e) => fail(&format!("could not run cargo for the PTX build: {e}")),
@@ -97,25 +127,11 @@ fn main() {
         } else if stderr.contains("rust-src") || stderr.contains("library/Cargo.lock") {
             format!("the standard library source is missing: `rustup component add rust-src --toolchain {toolchain}`")
         } else {
-            "the kernels crate failed to compile for nvptx64 (errors above)".into()
+            format!("the kernels crate (feature `{feature}`) failed to compile for nvptx64 (errors above)")
         };
         eprintln!("{stderr}");
         fail(&hint);
     }
-    // Where cargo puts `--emit=asm` output differs between versions
-    // (`release/deps/` before its build-dir layout, `build/<pkg>/<hash>/out/`
-    // after): take the newest `cuheap_kernels*.s` under the target dir.
-    let mut found = Vec::new();
-    find_asm(&target_dir.join("nvptx64-nvidia-cuda/release"), &mut found);
-    found.sort_by_key(|(t, _)| *t);
-    match found.pop() {
-        Some((_, ptx)) => copy(&ptx, &out.join("cuheap_kernels.ptx")),
-        None => fail(&format!(
-            "no cuheap_kernels*.s under {}",
-            target_dir.display()
-        )),
-    }
-    println!("cargo:rustc-env=CUHEAP_PTX_ARCH={arch}");
 }
 
 fn find_asm(dir: &Path, found: &mut Vec<(std::time::SystemTime, PathBuf)>) {

@@ -2,27 +2,50 @@
 
 #[cfg(feature = "cli")]
 pub mod bench;
+pub mod kernels;
 
+pub use cudarc;
 pub use cuheap_core as core;
 pub use cuheap_host as host;
-pub use cuheap_host::{DeviceHeap, Error, Gpu, Result, Stats};
+pub use cuheap_host::{DeviceHeap, DevicePtr, Error, Gpu, Kernel, LaunchConfig, Result, Stats};
 
-/// The PTX of `kernels/` (with `cuheap-core` inside), built by `build.rs`.
-pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cuheap_kernels.ptx"));
+/// The PTX a program links: the heap and its C ABI (`cuheap_malloc`,
+/// `cuheap_free`, the `cuheap_heap` global), built by `build.rs` from
+/// `kernels/` (with `cuheap-core` inside) with its `c-abi` feature. Rust
+/// kernels call `dev_alloc`/`dev_free` from the kernels crate instead.
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cuheap.ptx"));
+
+/// The benchmark and test kernels (the `bench` feature of `kernels/`),
+/// which [`kernels::Bench`] launches. Some call CUDA's own device `malloc`.
+pub const BENCH_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cuheap_bench.ptx"));
 
 /// The architecture the PTX targets (`CUHEAP_PTX_ARCH`, default `sm_80`).
 pub const PTX_ARCH: &str = env!("CUHEAP_PTX_ARCH");
 
-/// Opens GPU 0 with cuheap's kernels loaded. `CUHEAP_MAX_REGISTERS=N`
-/// caps the registers per thread of every kernel (more warps per SM);
-/// `0` leaves the choice to the compiler.
+/// Opens GPU 0 with [`PTX`] loaded. `CUHEAP_MAX_REGISTERS=N` caps the
+/// registers per thread of every kernel (more warps per SM); `0` leaves the
+/// choice to the compiler.
 pub fn open_gpu() -> Result<Gpu> {
     open_ptx(PTX)
+}
+
+/// Opens GPU 0 with [`BENCH_PTX`] loaded (same settings as [`open_gpu`]),
+/// for [`kernels::Bench`].
+pub fn open_bench_gpu() -> Result<Gpu> {
+    open_ptx(BENCH_PTX)
 }
 
 /// Opens GPU 0 with the kernels of `ptx` (same settings as [`open_gpu`]).
 pub fn open_ptx(ptx: &str) -> Result<Gpu> {
     Gpu::open_with_options(ptx, load_options()?)
+}
+
+/// Opens GPU 0 with one module JIT-linked from [`PTX`] and `ptx` (e.g.
+/// CUDA C/C++ compiled with `nvcc -rdc=true -ptx` that calls
+/// `cuheap_malloc`), with the settings of [`open_gpu`].
+pub fn open_linked(ptx: &[&str]) -> Result<Gpu> {
+    let sources: Vec<&str> = std::iter::once(PTX).chain(ptx.iter().copied()).collect();
+    Gpu::open_linked_with_options(&sources, load_options()?)
 }
 
 /// The load options [`open_gpu`] uses: `CUHEAP_MAX_REGISTERS` or the default.
@@ -45,26 +68,106 @@ pub fn load_options() -> Result<cuheap_host::LoadOptions> {
 /// Register cap applied when `CUHEAP_MAX_REGISTERS` is unset.
 pub const DEFAULT_MAX_REGISTERS: Option<u32> = None;
 
-/// Names of the kernels (`.entry`) in the embedded PTX.
+/// Names of the benchmark and test kernels (`.entry`) in [`BENCH_PTX`]
+/// ([`PTX`] has none: it holds device functions).
 pub fn kernel_names() -> Vec<&'static str> {
-    PTX.lines()
-        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
-        .map(|l| l.trim_end_matches('('))
-        .collect()
+    entries(BENCH_PTX).map(|(name, _)| name).collect()
 }
 
-/// Device functions exported for CUDA C/C++ (`.visible .func`).
+/// Device functions [`PTX`] exports for CUDA C/C++ (`.visible .func`).
 pub fn exported_functions() -> Vec<&'static str> {
     PTX.lines()
         .filter_map(|l| l.trim().strip_prefix(".visible .func "))
         .map(|l| {
-            l.rsplit(')')
-                .next()
-                .unwrap_or(l)
-                .trim()
-                .trim_end_matches('(')
-                .trim()
+            // Skip a return value's `(.param ...)` before the name.
+            let l = l.trim_start();
+            let l = if l.starts_with('(') {
+                l.split_once(')').map_or(l, |(_, rest)| rest)
+            } else {
+                l
+            };
+            l.split('(').next().unwrap_or(l).trim()
         })
-        .map(|l| l.split('(').next().unwrap_or(l).trim())
         .collect()
+}
+
+/// The kernels (`.entry`) of `ptx` with the size in bytes of each
+/// parameter, as the PTX declares them.
+pub fn entries(ptx: &str) -> impl Iterator<Item = (&str, Vec<usize>)> {
+    let mut lines = ptx.lines();
+    std::iter::from_fn(move || {
+        let name = lines.by_ref().find_map(|l| {
+            l.trim()
+                .strip_prefix(".visible .entry ")
+                .map(|n| n.trim_end_matches('(').trim())
+        })?;
+        let params = lines
+            .by_ref()
+            .map(str::trim)
+            .take_while(|l| !l.starts_with(')'))
+            .map(param_size)
+            .collect();
+        Some((name, params))
+    })
+}
+
+/// The size of one `.param` line of an entry: `.param .u32 x`,
+/// `.param .u64 .ptr .align 1 x`, `.param .align 8 .b8 x[24]`.
+fn param_size(line: &str) -> usize {
+    let line = line.trim_end_matches(',');
+    if let Some((_, count)) = line.split_once('[') {
+        let elem = if line.contains(".b8 ") { 1 } else { 0 };
+        return elem * count.trim_end_matches(']').parse::<usize>().unwrap_or(0);
+    }
+    line.split_whitespace()
+        .find_map(|w| match w {
+            ".u8" | ".s8" | ".b8" => Some(1),
+            ".u16" | ".s16" | ".b16" | ".f16" => Some(2),
+            ".u32" | ".s32" | ".b32" | ".f32" => Some(4),
+            ".u64" | ".s64" | ".b64" | ".f64" => Some(8),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptx_is_the_heap_and_its_c_abi_only() {
+        assert!(entries(PTX).next().is_none(), "PTX has kernels");
+        assert_eq!(exported_functions(), ["cuheap_free", "cuheap_malloc"]);
+        assert!(PTX.contains(".visible .global .align 8 .b8 cuheap_heap[24]"));
+        // CUDA's device heap belongs to the benchmarks only.
+        assert!(
+            !PTX.contains(".extern .func"),
+            "PTX calls an external function"
+        );
+        assert!(BENCH_PTX.contains(".extern .func  (.param .b64 func_retval0) malloc"));
+    }
+
+    #[test]
+    fn the_kernel_table_matches_the_bench_ptx() {
+        let ptx: Vec<(&str, Vec<usize>)> = entries(BENCH_PTX).collect();
+        let mut table: Vec<(&str, Vec<usize>)> = kernels::Bench::SIGNATURES
+            .iter()
+            .map(|(name, sizes)| (*name, sizes.to_vec()))
+            .collect();
+        table.sort();
+        let mut sorted = ptx.clone();
+        sorted.sort();
+        assert_eq!(
+            table, sorted,
+            "kernels/src/signatures.rs and BENCH_PTX differ"
+        );
+        assert_eq!(kernel_names().len(), table.len());
+    }
+
+    #[test]
+    fn param_sizes_from_ptx_lines() {
+        assert_eq!(param_size(".param .u32 k_param_1,"), 4);
+        assert_eq!(param_size(".param .u64 .ptr .align 1 k_param_3"), 8);
+        assert_eq!(param_size(".param .align 8 .b8 k_param_0[24],"), 24);
+    }
 }

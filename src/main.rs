@@ -18,7 +18,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The GPU, driver, CUDA version and the embedded PTX's kernels.
+    /// The GPU, driver, CUDA version and the embedded PTX's functions and kernels.
     Info,
     /// Replays an alloc/free trace (a pool's `PoolConfig::log` CSV) against
     /// the cuheap pool and cudaMallocAsync.
@@ -51,8 +51,8 @@ enum Command {
         /// Skip CUDA's device malloc (it takes most of the run time).
         #[arg(long)]
         no_cuda: bool,
-        /// Benchmark the kernels of this PTX file instead of the embedded one
-        /// (e.g. a build with other settings).
+        /// Benchmark the kernels of this PTX file instead of the embedded
+        /// `BENCH_PTX` (e.g. `cuheap_bench.ptx` of a build with other settings).
         #[arg(long)]
         ptx: Option<PathBuf>,
     },
@@ -102,20 +102,23 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             no_cuda,
         } => {
             let mut out = serde_json::Map::new();
-            // Failed allocations and frees: shown in the tables and JSON,
-            // then the run is an error.
-            let mut failures = 0;
+            // Rows with failed allocations, frees or errors: shown in the
+            // tables and the JSON, then reported as the command's failure.
+            let mut failures: Vec<String> = Vec::new();
             if which == Which::All || which == Which::Cpu {
                 println!("## Host threads on cuheap-core\n");
                 let rows = cpu::run(2_000_000);
                 println!("{}", cpu::table(&rows));
-                failures += cpu::failures(&rows);
+                let n = cpu::failures(&rows);
+                if n > 0 {
+                    failures.push(format!("cpu: {n} allocations or frees failed"));
+                }
                 out.insert("cpu".into(), serde_json::to_value(&rows)?);
             }
             if which == Which::All || which == Which::Device {
                 let opened = match &ptx {
                     Some(path) => cuheap::open_ptx(&std::fs::read_to_string(path)?),
-                    None => cuheap::open_gpu(),
+                    None => cuheap::open_bench_gpu(),
                 };
                 match opened {
                     Ok(gpu) => {
@@ -145,6 +148,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         bar.finish_and_clear();
                         println!("## In-kernel allocation\n");
                         println!("{}", report::device_table(&r));
+                        failures.extend(r.failures());
                         if let Some(path) = &chart {
                             std::fs::write(path, report::device_svg(&r))?;
                         }
@@ -159,7 +163,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             if which == Which::All || which == Which::Host {
-                match cuheap::open_gpu() {
+                match cuheap::open_bench_gpu() {
                     Ok(gpu) => {
                         let bar = indicatif::ProgressBar::new_spinner();
                         bar.enable_steady_tick(std::time::Duration::from_millis(200));
@@ -167,7 +171,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         bar.finish_and_clear();
                         println!("## Host pool\n");
                         println!("{}", host::table(&r));
-                        failures += host::failures(&r);
+                        let n = host::failures(&r);
+                        if n > 0 {
+                            failures.push(format!("host: {n} allocations or frees failed"));
+                        }
                         if let Some(path) = &chart {
                             let host_chart = path.with_file_name(format!(
                                 "{}-host.svg",
@@ -188,10 +195,11 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             if let Some(path) = json {
                 std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
             }
-            if failures > 0 {
+            if !failures.is_empty() {
                 return Err(format!(
-                    "{failures} allocations or frees failed (the failures columns): \
-                     the figures count only completed pairs"
+                    "{} benchmark parts had failures (the figures count only completed work):\n  {}",
+                    failures.len(),
+                    failures.join("\n  ")
                 )
                 .into());
             }
@@ -202,15 +210,15 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
 
 fn info() -> Result<(), Box<dyn std::error::Error>> {
     println!("cuheap {}", env!("CARGO_PKG_VERSION"));
+    println!("embedded PTX: target {}", cuheap::PTX_ARCH);
     println!(
-        "embedded PTX: target {}, {} kernels: {}",
-        cuheap::PTX_ARCH,
-        cuheap::kernel_names().len(),
-        cuheap::kernel_names().join(", ")
+        "device functions for CUDA C/C++ (cuheap::PTX): {}",
+        cuheap::exported_functions().join(", ")
     );
     println!(
-        "device functions for CUDA C/C++: {}",
-        cuheap::exported_functions().join(", ")
+        "benchmark and test kernels (cuheap::BENCH_PTX), {}: {}",
+        cuheap::kernel_names().len(),
+        cuheap::kernel_names().join(", ")
     );
     match cuheap::open_gpu() {
         Ok(gpu) => {

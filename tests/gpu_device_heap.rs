@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use cuheap::core::size_class::{CLASS_SIZES, PAGE_SIZE};
-use cuheap::{DeviceHeap, Gpu};
+use cuheap::{DeviceHeap, DevicePtr, Gpu, LaunchConfig};
 
 fn heap(gpu: &Gpu, bytes: usize) -> DeviceHeap {
     DeviceHeap::new(gpu, bytes).unwrap()
@@ -150,16 +150,18 @@ fn stress_4m_threads_random_sizes() {
     let b = Bufs::new(&gpu, 1);
     let n = 4 << 20;
     for seed in 0..3u32 {
-        // SAFETY: stress_heap(meta, data, pages, slots, n, rounds, seed, errors).
+        // SAFETY: `b.errors` holds two u32s; it and the heap outlive the
+        // launch, which is waited for below.
         unsafe {
-            gpu.launch("stress_heap", n)
-                .unwrap()
-                .heap(&h.handle())
-                .u32(n)
-                .u32(4)
-                .u32(seed)
-                .u64(b.errors.ptr())
-                .run()
+            b.kernels
+                .stress_heap(
+                    &LaunchConfig::for_threads(n),
+                    &h,
+                    n,
+                    4,
+                    seed,
+                    b.errors.as_ptr(),
+                )
                 .unwrap()
         };
         gpu.sync().unwrap();
@@ -191,32 +193,38 @@ fn nvcc() -> std::path::PathBuf {
     panic!("nvcc not found: the C ABI test compiles tests/capi/demo.cu with it");
 }
 
+/// The CUDA C++ side of the C ABI test, carried by the test executable
+/// (it may run far from the source tree).
+const DEMO_CU: &str = include_str!("capi/demo.cu");
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn c_abi_from_cuda_cpp() {
     let dir = std::env::temp_dir().join(format!("cuheap-capi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("demo.ptx");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/capi/demo.cu");
+    let (src, out) = (dir.join("demo.cu"), dir.join("demo.ptx"));
+    std::fs::write(&src, DEMO_CU).unwrap();
     let st = std::process::Command::new(nvcc())
-        .args(["-rdc=true", "-ptx", "-arch=sm_80", src, "-o"])
+        .args(["-rdc=true", "-ptx", "-arch=sm_80"])
+        .arg(&src)
+        .arg("-o")
         .arg(&out)
         .status()
         .unwrap();
     assert!(st.success(), "nvcc failed");
     let demo = std::fs::read_to_string(&out).unwrap();
-    let gpu = Gpu::open_linked(&[cuheap::PTX, &demo]).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let gpu = cuheap::open_linked(&[&demo]).unwrap();
     let h = DeviceHeap::new(&gpu, 1 << 30).unwrap();
-    gpu.write_global("cuheap_heap", &h.handle()).unwrap();
+    h.install(&gpu).unwrap();
+    // `extern "C" __global__ void capi_demo(unsigned n, unsigned* errors)`
+    let demo = gpu.kernel::<(u32, DevicePtr<u32>)>("capi_demo").unwrap();
     let n = 1 << 20;
     let errors = gpu.alloc_zeroed(8).unwrap();
-    // SAFETY: capi_demo(unsigned n, unsigned* errors).
+    // SAFETY: `errors` holds two u32s; it and the installed heap outlive
+    // the launch, which is waited for below.
     unsafe {
-        gpu.launch("capi_demo", n)
-            .unwrap()
-            .u32(n)
-            .u64(errors.ptr())
-            .run()
+        demo.launch(&LaunchConfig::for_threads(n), (n, errors.as_ptr()))
             .unwrap()
     };
     gpu.sync().unwrap();

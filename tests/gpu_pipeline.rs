@@ -2,16 +2,36 @@
 //! `cuheap-core` computes the same results on the GPU as on the CPU.
 
 mod common;
-use common::gpu;
+use common::{gpu, kernels};
 use cuheap::core::size_class::{class_of, class_size, MAX_CLASS_SIZE};
 use cuheap::core::{Layout, Word};
+use cuheap::LaunchConfig;
 
 #[test]
 fn no_gpu_is_a_clear_error_not_a_panic() {
-    // On any machine: either a GPU opens, or the error names the cause.
+    // On any machine: either a GPU opens and works, or the error names the
+    // cause. Which one must agree with whether a driver is installed.
     match cuheap::open_gpu() {
-        Ok(_) => {}
-        Err(e) => assert!(e.to_string().contains("no NVIDIA GPU found"), "{e}"),
+        Ok(gpu) => {
+            assert!(cuheap::host::driver::driver_present());
+            let i = gpu.info();
+            assert!(i.sms > 0 && i.memory_bytes > 0, "{i:?}");
+            // The module is loaded: its heap global is there, 24 bytes.
+            let heap = cuheap::DeviceHeap::new(&gpu, 1 << 20).unwrap();
+            heap.install(&gpu).unwrap();
+            assert!(gpu.write_global("cuheap_heap", &0u64).is_err());
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains("no NVIDIA GPU found"), "{msg}");
+            assert!(
+                matches!(e, cuheap::Error::NoDriver | cuheap::Error::NoDevice(_)),
+                "{e:?}"
+            );
+            if !cuheap::host::driver::driver_present() {
+                assert!(matches!(e, cuheap::Error::NoDriver), "{e:?}");
+            }
+        }
     }
 }
 
@@ -23,19 +43,24 @@ fn kernel_launch_smoke() {
     let x = gpu.alloc_zeroed(n as usize * 4).unwrap();
     let input: Vec<u32> = (0..n).collect();
     x.write(0, &input).unwrap();
-    // SAFETY: smoke(x, n) over n u32s.
+    // On a stream of its own: the launch and the stream-ordered copies.
+    let stream = gpu.context().new_stream().unwrap();
+    // SAFETY: `x` holds n u32s and outlives the launch (read back below).
     unsafe {
-        gpu.launch("smoke", n)
-            .unwrap()
-            .u64(x.ptr())
-            .u32(n)
-            .run()
+        kernels(&gpu)
+            .smoke(&LaunchConfig::for_threads(n).on(&stream), x.as_ptr(), n)
             .unwrap()
     };
-    gpu.sync().unwrap();
     let mut out = vec![0u32; n as usize];
-    x.read(0, &mut out).unwrap();
+    x.read_on(0, &mut out, &stream).unwrap();
     assert!(out.iter().enumerate().all(|(i, &v)| v == i as u32 * 2 + 1));
+    // A declaration that disagrees with the kernel is refused where the
+    // driver reports parameter sizes (CUDA 12.4 and newer).
+    if gpu.info().driver_cuda_version >= 12040 {
+        assert!(gpu.kernel::<(u32,)>("smoke").is_err());
+        assert!(gpu.kernel::<(u32, u64)>("smoke").is_err());
+        assert!(gpu.kernel::<(cuheap::DevicePtr<u32>, u32)>("smoke").is_ok());
+    }
 }
 
 #[test]
@@ -46,14 +71,15 @@ fn size_classes_match_cpu_for_every_size() {
     let n = max as usize + 1;
     let class = gpu.alloc_zeroed(n * 4).unwrap();
     let size = gpu.alloc_zeroed(n * 4).unwrap();
-    // SAFETY: conformance_classes(class, size, max) writes max + 1 values each.
+    // SAFETY: `class` and `size` hold max + 1 u32s and outlive the launch.
     unsafe {
-        gpu.launch("conformance_classes", max + 1)
-            .unwrap()
-            .u64(class.ptr())
-            .u64(size.ptr())
-            .u32(max)
-            .run()
+        kernels(&gpu)
+            .conformance_classes(
+                &LaunchConfig::for_threads(max + 1),
+                class.as_ptr(),
+                size.as_ptr(),
+                max,
+            )
             .unwrap()
     };
     gpu.sync().unwrap();
@@ -87,25 +113,21 @@ fn bitmap_helpers_and_layout_match_cpu() {
     let input = gpu.alloc_zeroed(words.len() * 4).unwrap();
     input.write(0, &words).unwrap();
     let out = gpu.alloc_zeroed(words.len() * 66 * 4).unwrap();
-    // SAFETY: conformance_bits(words, n, out) with n * 66 outputs.
+    let k = kernels(&gpu);
+    // SAFETY: `input` holds n u32s and `out` n * 66; both outlive the launch.
     unsafe {
-        gpu.launch("conformance_bits", n)
-            .unwrap()
-            .u64(input.ptr())
-            .u32(n)
-            .u64(out.ptr())
-            .run()
-            .unwrap()
+        k.conformance_bits(
+            &LaunchConfig::for_threads(n),
+            input.as_ptr(),
+            n,
+            out.as_ptr(),
+        )
+        .unwrap()
     };
     let lay = gpu.alloc_zeroed(64).unwrap();
-    // SAFETY: conformance_layout(pages, slots, out) writes 8 u64s.
+    // SAFETY: `lay` holds 8 u64s and outlives the launch.
     unsafe {
-        gpu.launch("conformance_layout", 1)
-            .unwrap()
-            .u32(12345)
-            .u32(132)
-            .u64(lay.ptr())
-            .run()
+        k.conformance_layout(&LaunchConfig::for_threads(1), 12345, 132, lay.as_ptr())
             .unwrap()
     };
     gpu.sync().unwrap();

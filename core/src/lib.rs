@@ -41,11 +41,6 @@ pub mod size_class;
 pub mod stats;
 pub mod sync;
 pub mod word;
-/// Only until `kernels/` compiles `src/bench/workload.rs` itself: the
-/// benchmark kernels still import `thread_size` from here.
-#[doc(hidden)]
-#[path = "../../src/bench/workload.rs"]
-pub mod workload;
 
 pub use heap::{AllocError, BlockInfo, FreeError, FreeOutcome, Grant, Heap, HeapHandle, Run};
 pub use layout::Layout;

@@ -10,12 +10,13 @@
 //! page, so the heap grows between launches. (Growing under a running
 //! kernel did not help that kernel in a test on an H100; see the README.)
 
-use crate::driver::{DeviceMemory, Gpu};
+use crate::driver::{DeviceMemory, Gpu, Param};
 use crate::error::{Context, Error, Result};
 use crate::vmm::VmmRegion;
 use cudarc::driver::{result, CudaStream};
 use cuheap_core::page::PageDesc;
 use cuheap_core::{Counters, HeapHandle, Layout, Stats, PAGE_SIZE};
+use std::mem::{align_of, offset_of, size_of};
 use std::sync::Arc;
 
 enum Data {
@@ -120,6 +121,19 @@ impl DeviceHeap {
         self.handle
     }
 
+    /// The handle as a kernel parameter takes it (by value).
+    pub fn arg(&self) -> HeapArg {
+        HeapArg::from(self.handle)
+    }
+
+    /// Makes this the heap that `cuheap_malloc`/`cuheap_free` use in
+    /// `gpu`'s module: writes its handle to the module global
+    /// `cuheap_heap` (synchronous). Launches of kernels that call them
+    /// have the contract of every launch: the heap stays live until they end.
+    pub fn install(&self, gpu: &Gpu) -> Result<()> {
+        gpu.write_global("cuheap_heap", &self.arg())
+    }
+
     /// Bytes of block memory usable now.
     pub fn capacity(&self) -> usize {
         match &self.data {
@@ -133,9 +147,15 @@ impl DeviceHeap {
         self.layout.meta_bytes
     }
 
-    /// Empties the heap (no kernel may be using it). A growable heap keeps
-    /// its mapped memory usable.
-    pub fn reset(&self) -> Result<()> {
+    /// Empties the heap. A growable heap keeps its mapped memory usable.
+    ///
+    /// # Safety
+    ///
+    /// No kernel that uses this heap is running or queued, on any stream:
+    /// the metadata is cleared under it (on the legacy default stream,
+    /// which does not wait for non-blocking streams), and blocks it holds
+    /// would be handed out again.
+    pub unsafe fn reset(&self) -> Result<()> {
         self.meta.zero()?;
         if let Data::Growable { .. } = &self.data {
             self.grow(self.capacity())?;
@@ -164,4 +184,46 @@ fn as_bytes_mut<T>(v: &mut [T]) -> &mut [u8] {
     // SAFETY: only used with PageDesc and Counters, which are #[repr(C)]
     // structs of integer atomics: every byte pattern is a valid value.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+/// A heap handle as kernels take it by value: cuheap-core's
+/// [`HeapHandle`] field for field, with the plain-data guarantees a
+/// kernel argument needs ([`bytemuck::NoUninit`]; 24 bytes, no padding).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::NoUninit)]
+pub struct HeapArg {
+    meta: u64,
+    data: u64,
+    page_count: u32,
+    slots: u32,
+}
+
+// The kernels receive a `HeapHandle`: same size, alignment and offsets.
+const _: () = {
+    assert!(size_of::<HeapArg>() == size_of::<HeapHandle>());
+    assert!(align_of::<HeapArg>() == align_of::<HeapHandle>());
+    assert!(offset_of!(HeapArg, meta) == offset_of!(HeapHandle, meta));
+    assert!(offset_of!(HeapArg, data) == offset_of!(HeapHandle, data));
+    assert!(offset_of!(HeapArg, page_count) == offset_of!(HeapHandle, page_count));
+    assert!(offset_of!(HeapArg, slots) == offset_of!(HeapHandle, slots));
+};
+
+impl From<HeapHandle> for HeapArg {
+    fn from(h: HeapHandle) -> HeapArg {
+        HeapArg {
+            meta: h.meta,
+            data: h.data,
+            page_count: h.page_count,
+            slots: h.slots,
+        }
+    }
+}
+
+/// In a kernel table a `HeapHandle` parameter takes a live `&DeviceHeap`.
+impl Param for HeapHandle {
+    type Host<'a> = &'a DeviceHeap;
+    type Raw = HeapArg;
+    fn raw(heap: &DeviceHeap) -> HeapArg {
+        heap.arg()
+    }
 }

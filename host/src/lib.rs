@@ -4,14 +4,20 @@
 //!
 //! 1. [`error`]: the one [`Error`] type.
 //! 2. [`driver`]: the driver behind safe wrappers: [`Gpu`] (context,
-//!    stream, module), [`DeviceMemory`] (RAII), event timing. `cudarc`
-//!    loads `libcuda` at run time; [`Gpu::open`] checks for it first so
-//!    a machine without a GPU gets [`Error::NoDriver`], never a panic.
+//!    stream, module), [`DeviceMemory`] (RAII, bounds-checked copies of
+//!    plain data), typed kernel launches ([`Kernel`], [`LaunchConfig`],
+//!    [`kernel_table!`]), event timing. `cudarc` loads `libcuda` at run
+//!    time; [`Gpu::open`] checks for it first so a machine without a GPU
+//!    gets [`Error::NoDriver`], never a panic.
 //! 3. [`device_heap`]: [`DeviceHeap`], the memory behind the in-kernel
 //!    heap, its handle for kernels and its statistics.
 //! 4. [`vmm`], [`reclaim`], [`stream_pool`]: the host pool ([`Pool`]):
 //!    a reserved address range mapped as it grows, pooled events, and
 //!    stream-ordered allocation with per-stream caches.
+//!
+//! `cudarc` (its streams and events are in this API) and `bytemuck` (the
+//! bound on copies and kernel arguments) are re-exported, so a program
+//! needs neither as a dependency of its own.
 
 pub mod device_heap;
 pub mod driver;
@@ -20,8 +26,13 @@ pub mod reclaim;
 pub mod stream_pool;
 pub mod vmm;
 
+pub use bytemuck;
+pub use cudarc;
 pub use cuheap_core::{HeapHandle, Stats};
-pub use device_heap::DeviceHeap;
-pub use driver::{DeviceInfo, DeviceMemory, Function, Gpu, Launch, LoadOptions};
+pub use device_heap::{DeviceHeap, HeapArg};
+pub use driver::{
+    DeviceInfo, DeviceMemory, DevicePtr, Function, Gpu, Kernel, KernelArgs, Launch, LaunchConfig,
+    LoadOptions, Module, Param,
+};
 pub use error::{Error, Result};
 pub use stream_pool::{parse_trace, DeviceBuffer, Pool, PoolConfig, PoolStats, TraceEvent};

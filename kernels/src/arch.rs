@@ -25,32 +25,48 @@ extern "C" {
     fn nvvm_membar_gl();
 }
 
-/// Lanes of the calling warp that are executing this instruction.
+/// Lanes of the calling warp that are executing this instruction: a mask
+/// that the `.sync` operations below may take, on a path all of those
+/// lanes follow.
 #[inline(always)]
 pub fn activemask() -> u32 {
     // SAFETY: reads a warp register; no memory effects.
     unsafe { nvvm_activemask() }
 }
 
-/// Lanes of `mask` whose `v` equals the caller's (all of `mask` must call).
+/// Lanes of `mask` whose `v` equals the caller's (`match.any.sync`).
+///
+/// # Safety
+///
+/// Every lane in `mask` executes this same call (the `.sync` contract:
+/// otherwise the result is undefined and the warp may hang), and the
+/// calling lane is in `mask`.
 #[inline(always)]
-pub fn match_any(mask: u32, v: u32) -> u32 {
-    // SAFETY: every lane in `mask` executes this call (callers pass a mask
-    // of lanes that are converged here: activemask() or a match result).
+pub unsafe fn match_any(mask: u32, v: u32) -> u32 {
+    // SAFETY: forwarded from the caller.
     unsafe { nvvm_match_any(mask, v as i32) }
 }
 
-/// `v` of lane `src`, for every lane of `mask` (all of `mask` must call).
+/// `v` of lane `src`, for every lane of `mask` (`shfl.sync.idx`).
+///
+/// # Safety
+///
+/// As for [`match_any`]; `src` is a lane of `mask`.
 #[inline(always)]
-pub fn shfl(mask: u32, v: u32, src: u32) -> u32 {
-    // SAFETY: as for `match_any`; `src` is a lane of `mask`.
+pub unsafe fn shfl(mask: u32, v: u32, src: u32) -> u32 {
+    // SAFETY: forwarded from the caller.
     unsafe { nvvm_shfl_idx(mask, v as i32, src as i32, 0x1f) as u32 }
 }
 
-/// Bitwise OR of `v` over the lanes of `mask` (all of `mask` must call).
+/// Bitwise OR of `v` over the lanes of `mask` (`redux.sync.or`, sm_80
+/// and newer).
+///
+/// # Safety
+///
+/// As for [`match_any`].
 #[inline(always)]
-pub fn reduce_or(mask: u32, v: u32) -> u32 {
-    // SAFETY: as for `match_any`; sm_80 and newer.
+pub unsafe fn reduce_or(mask: u32, v: u32) -> u32 {
+    // SAFETY: forwarded from the caller.
     unsafe { nvvm_redux_or(v as i32, mask) as u32 }
 }
 

@@ -7,14 +7,17 @@
 //!   [`crate::checks`] between them (untimed).
 //!
 //! Each exists for cuheap, CUDA's device `malloc`/`free`, and (alloc only)
-//! a warp-aggregated bump pointer, the ceiling. `sz == 0` means mixed
-//! sizes, uniform in 16..=4096 and fixed per thread. `errors[0]` counts
-//! null returns, `errors[1]` wrong read-backs.
+//! a warp-aggregated bump pointer, the ceiling. Parameters and contracts
+//! are in `signatures.rs`, which generates the entry points ([`crate::entry`]);
+//! each body here has the contract of its line there.
 
 use crate::arch::{activemask, fence_gpu, global_thread, laneid, shfl};
-use crate::device_heap::{dev_alloc, dev_free, handle};
+use crate::device_heap::{dev_alloc, dev_free};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-pub use cuheap_core::workload::thread_size;
+#[path = "../../src/bench/workload.rs"]
+mod workload;
+pub use workload::thread_size;
+use cuheap_core::HeapHandle;
 
 extern "C" {
     /// CUDA's device heap (linked by the driver).
@@ -42,7 +45,10 @@ unsafe fn touch(p: *mut u8, size: usize, tid: u32, errors: *mut u32) {
     let w = p as *mut u32;
     for k in 0..n {
         // SAFETY: k < size / 4 words of a block of `size` bytes.
-        unsafe { w.add(k).write_volatile(tid ^ (k as u32).wrapping_mul(0x0101_0101)) };
+        unsafe {
+            w.add(k)
+                .write_volatile(tid ^ (k as u32).wrapping_mul(0x0101_0101))
+        };
     }
     fence_gpu();
     for k in 0..n {
@@ -56,22 +62,13 @@ unsafe fn touch(p: *mut u8, size: usize, tid: u32, errors: *mut u32) {
 
 /// # Safety
 ///
-/// The heap arguments describe a live heap; `errors` points to two `u32`s.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn pair_cuheap(
-    meta: u64,
-    data: u64,
-    pages: u32,
-    slots: u32,
-    n: u32,
-    sz: u32,
-    errors: *mut u32,
-) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn pair_cuheap(h: HeapHandle, n: u32, sz: u32, errors: *mut u32) {
     let tid = global_thread();
     if tid >= n {
         return;
     }
-    let h = handle(meta, data, pages, slots);
     let size = thread_size(tid, sz);
     // SAFETY: the caller passes a live heap.
     let p = unsafe { dev_alloc(&h, size) };
@@ -88,23 +85,13 @@ pub unsafe extern "ptx-kernel" fn pair_cuheap(
 
 /// # Safety
 ///
-/// As for [`pair_cuheap`]; `ptrs` holds `n` pointers.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn alloc_cuheap(
-    meta: u64,
-    data: u64,
-    pages: u32,
-    slots: u32,
-    n: u32,
-    sz: u32,
-    ptrs: *mut *mut u8,
-    errors: *mut u32,
-) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn alloc_cuheap(h: HeapHandle, n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32) {
     let tid = global_thread();
     if tid >= n {
         return;
     }
-    let h = handle(meta, data, pages, slots);
     // SAFETY: the caller passes a live heap.
     let p = unsafe { dev_alloc(&h, thread_size(tid, sz)) };
     if p.is_null() {
@@ -117,21 +104,13 @@ pub unsafe extern "ptx-kernel" fn alloc_cuheap(
 
 /// # Safety
 ///
-/// As for [`alloc_cuheap`].
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn free_cuheap(
-    meta: u64,
-    data: u64,
-    pages: u32,
-    slots: u32,
-    n: u32,
-    ptrs: *mut *mut u8,
-) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn free_cuheap(h: HeapHandle, n: u32, ptrs: *mut *mut u8) {
     let tid = global_thread();
     if tid >= n {
         return;
     }
-    let h = handle(meta, data, pages, slots);
     // SAFETY: tid < n entries; each a block of this heap, null or a test's
     // deliberately bad pointer (refused and counted by `dev_free`).
     unsafe { dev_free(&h, ptrs.add(tid as usize).read()) };
@@ -139,9 +118,9 @@ pub unsafe extern "ptx-kernel" fn free_cuheap(
 
 /// # Safety
 ///
-/// `errors` points to two `u32`s.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn pair_cuda(n: u32, sz: u32, errors: *mut u32) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn pair_cuda(n: u32, sz: u32, errors: *mut u32) {
     let tid = global_thread();
     if tid >= n {
         return;
@@ -162,9 +141,9 @@ pub unsafe extern "ptx-kernel" fn pair_cuda(n: u32, sz: u32, errors: *mut u32) {
 
 /// # Safety
 ///
-/// `ptrs` holds `n` pointers; `errors` points to two `u32`s.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn alloc_cuda(n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn alloc_cuda(n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32) {
     let tid = global_thread();
     if tid >= n {
         return;
@@ -181,9 +160,9 @@ pub unsafe extern "ptx-kernel" fn alloc_cuda(n: u32, sz: u32, ptrs: *mut *mut u8
 
 /// # Safety
 ///
-/// `ptrs` holds `n` pointers from `alloc_cuda` (or null).
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn free_cuda(n: u32, ptrs: *mut *mut u8) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn free_cuda(n: u32, ptrs: *mut *mut u8) {
     let tid = global_thread();
     if tid >= n {
         return;
@@ -192,15 +171,12 @@ pub unsafe extern "ptx-kernel" fn free_cuda(n: u32, ptrs: *mut *mut u8) {
     unsafe { free(ptrs.add(tid as usize).read()) };
 }
 
-/// The ceiling: a warp-aggregated bump pointer (one atomic per warp, no
-/// free). `cursor` is a device `u64` offset into `base`'s `cap` bytes.
-///
 /// # Safety
 ///
-/// `cursor` points to a `u64`; `ptrs` holds `n` pointers; `errors` two `u32`s.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn alloc_bump(
-    base: u64,
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn alloc_bump(
+    base: *mut u8,
     cap: u64,
     cursor: *mut u64,
     n: u32,
@@ -222,7 +198,9 @@ pub unsafe extern "ptx-kernel" fn alloc_bump(
     let mut m = mask;
     while m != 0 {
         let src = m.trailing_zeros();
-        let lo = shfl(mask, size as u32, src) as u64;
+        // SAFETY: `mask` is the lanes that were active at its read; they
+        // all run this loop over the same `m`, and `src` is one of them.
+        let lo = unsafe { shfl(mask, size as u32, src) } as u64;
         if src < lane {
             offset += lo;
         }
@@ -234,9 +212,21 @@ pub unsafe extern "ptx-kernel" fn alloc_bump(
         // SAFETY: forwarded from the caller.
         start = unsafe { AtomicU64::from_ptr(cursor) }.fetch_add(total, Ordering::Relaxed);
     }
-    let start = (shfl(mask, start as u32, leader) as u64) | ((shfl(mask, (start >> 32) as u32, leader) as u64) << 32);
+    // SAFETY: as above; every lane of `mask` reaches both shuffles, and
+    // `leader` is one of them.
+    let (lo, hi) = unsafe {
+        (
+            shfl(mask, start as u32, leader),
+            shfl(mask, (start >> 32) as u32, leader),
+        )
+    };
+    let start = (lo as u64) | ((hi as u64) << 32);
     let at = start + offset;
-    let p = if at + size <= cap { (base + at) as *mut u8 } else { core::ptr::null_mut() };
+    let p = if at + size <= cap {
+        base.wrapping_add(at as usize)
+    } else {
+        core::ptr::null_mut()
+    };
     if p.is_null() {
         // SAFETY: forwarded from the caller.
         unsafe { count(errors, 0) };

@@ -1,21 +1,20 @@
 //! Kernels the GPU tests use: a launch smoke test, cross-target
 //! conformance of `cuheap-core`, whole-block fill-and-check, and a random
-//! stress of the device heap.
+//! stress of the device heap. Parameters and contracts are in
+//! `signatures.rs` ([`crate::entry`]); each body here has the contract of
+//! its line there.
 
 use crate::arch::global_thread;
 use crate::bench::{count, thread_size};
-use crate::device_heap::{dev_alloc, dev_free, handle};
-use core::sync::atomic::{AtomicU32, Ordering};
+use crate::device_heap::{dev_alloc, dev_free};
 use cuheap_core::size_class::{class_of, class_size};
-use cuheap_core::{Layout, Word};
+use cuheap_core::{HeapHandle, Layout, Word};
 
-/// `x[i] = x[i] * 2 + 1`: proves a launch runs and writes memory.
-///
 /// # Safety
 ///
-/// `x` holds `n` values.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn smoke(x: *mut u32, n: u32) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn smoke(x: *mut u32, n: u32) {
     let i = global_thread();
     if i < n {
         // SAFETY: i < n.
@@ -23,14 +22,11 @@ pub unsafe extern "ptx-kernel" fn smoke(x: *mut u32, n: u32) {
     }
 }
 
-/// For every size `s` in `0..=max`: `class[s]` = `class_of(s)` (or
-/// `u32::MAX`) and `size[s]` = that class's block size.
-///
 /// # Safety
 ///
-/// `class` and `size` hold `max + 1` values.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn conformance_classes(class: *mut u32, size: *mut u32, max: u32) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn conformance_classes(class: *mut u32, size: *mut u32, max: u32) {
     let s = global_thread();
     if s > max {
         return;
@@ -43,14 +39,11 @@ pub unsafe extern "ptx-kernel" fn conformance_classes(class: *mut u32, size: *mu
     }
 }
 
-/// For input word `i` and every `k` in `0..=32`: `out[(i*33+k)*2]` =
-/// `lowest_set(w, k)`, `out[(i*33+k)*2+1]` = `nth_set(w, k)` (or `u32::MAX`).
-///
 /// # Safety
 ///
-/// `words` holds `n` values, `out` `n * 66`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn conformance_bits(words: *const u32, n: u32, out: *mut u32) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn conformance_bits(words: *const u32, n: u32, out: *mut u32) {
     let i = global_thread();
     if i >= n {
         return;
@@ -59,7 +52,11 @@ pub unsafe extern "ptx-kernel" fn conformance_bits(words: *const u32, n: u32, ou
     let w = unsafe { *words.add(i as usize) };
     for k in 0..=32u32 {
         let at = ((i * 33 + k) * 2) as usize;
-        let nth = if k < w.count_ones() { w.nth_set(k) } else { u32::MAX };
+        let nth = if k < w.count_ones() {
+            w.nth_set(k)
+        } else {
+            u32::MAX
+        };
         // SAFETY: at + 1 < n * 66.
         unsafe {
             *out.add(at) = w.lowest_set(k);
@@ -68,19 +65,23 @@ pub unsafe extern "ptx-kernel" fn conformance_bits(words: *const u32, n: u32, ou
     }
 }
 
-/// The metadata layout as the GPU computes it: 8 values.
-///
 /// # Safety
 ///
-/// `out` holds 8 values.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn conformance_layout(pages: u32, slots: u32, out: *mut u64) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn conformance_layout(pages: u32, slots: u32, out: *mut u64) {
     if global_thread() != 0 {
         return;
     }
     let l = Layout::new(pages, slots);
     let v = [
-        l.counters, l.lists, l.cache, l.descs, l.page_map, l.bitmaps, l.meta_bytes,
+        l.counters,
+        l.lists,
+        l.cache,
+        l.descs,
+        l.page_map,
+        l.bitmaps,
+        l.meta_bytes,
         core::mem::size_of::<cuheap_core::page::PageDesc>(),
     ];
     for (i, x) in v.iter().enumerate() {
@@ -89,14 +90,11 @@ pub unsafe extern "ptx-kernel" fn conformance_layout(pages: u32, slots: u32, out
     }
 }
 
-
-/// Fills each thread's whole block with its thread id (`sz` as in bench).
-///
 /// # Safety
 ///
-/// `ptrs` holds `n` pointers, each null or a block of `thread_size` bytes.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn fill_blocks(ptrs: *const *mut u8, n: u32, sz: u32) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn fill_blocks(ptrs: *const *mut u8, n: u32, sz: u32) {
     let tid = global_thread();
     if tid >= n {
         return;
@@ -112,17 +110,11 @@ pub unsafe extern "ptx-kernel" fn fill_blocks(ptrs: *const *mut u8, n: u32, sz: 
     }
 }
 
-/// Checks each block still holds only its thread id (another thread's id
-/// means two live blocks overlapped) and is aligned: 16 bytes, and its own
-/// size for power-of-two sizes up to 64 KiB when `natural != 0` (cuheap's
-/// promise; CUDA's malloc and the bump pointer promise 16 bytes).
-/// `errors[1]` counts failures.
-///
 /// # Safety
 ///
-/// As for [`fill_blocks`]; `errors` points to two `u32`s.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn check_blocks(ptrs: *const *mut u8, n: u32, sz: u32, natural: u32, errors: *mut u32) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn check_blocks(ptrs: *const *mut u8, n: u32, sz: u32, natural: u32, errors: *mut u32) {
     let tid = global_thread();
     if tid >= n {
         return;
@@ -133,8 +125,12 @@ pub unsafe extern "ptx-kernel" fn check_blocks(ptrs: *const *mut u8, n: u32, sz:
         return;
     }
     let size = thread_size(tid, sz);
-    let align = if natural != 0 && size.is_power_of_two() { size.clamp(16, 65536) } else { 16 };
-    let mut bad = p as usize % align != 0;
+    let align = if natural != 0 && size.is_power_of_two() {
+        size.clamp(16, 65536)
+    } else {
+        16
+    };
+    let mut bad = !(p as usize).is_multiple_of(align);
     for k in 0..size / 4 {
         // SAFETY: k < size / 4 words of the block.
         bad |= unsafe { p.add(k).read_volatile() } != tid;
@@ -152,29 +148,15 @@ fn mix(a: u32, b: u32) -> u32 {
     x ^ (x >> 15)
 }
 
-/// Random sizes, `rounds` rounds: each thread holds two blocks at once,
-/// tags them, checks both, frees both. Mostly small sizes, some large
-/// classes and some spans. `errors[0]` counts nulls, `errors[1]` damage.
-///
 /// # Safety
 ///
-/// The heap arguments describe a live heap; `errors` points to two `u32`s.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn stress_heap(
-    meta: u64,
-    data: u64,
-    pages: u32,
-    slots: u32,
-    n: u32,
-    rounds: u32,
-    seed: u32,
-    errors: *mut u32,
-) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn stress_heap(h: HeapHandle, n: u32, rounds: u32, seed: u32, errors: *mut u32) {
     let tid = global_thread();
     if tid >= n {
         return;
     }
-    let h = handle(meta, data, pages, slots);
     for r in 0..rounds {
         let mut blocks = [(core::ptr::null_mut::<u32>(), 0usize); 2];
         for (j, b) in blocks.iter_mut().enumerate() {
@@ -209,7 +191,7 @@ pub unsafe extern "ptx-kernel" fn stress_heap(
             }
             let tag = tid ^ (r << 24) ^ ((j as u32) << 31);
             let words = size / 4;
-            let mut bad = p as usize % 16 != 0;
+            let mut bad = !(p as usize).is_multiple_of(16);
             for k in 0..words.min(16) {
                 // SAFETY: as when written.
                 bad |= unsafe { p.add(k).read_volatile() } != tag;
@@ -228,14 +210,11 @@ pub unsafe extern "ptx-kernel" fn stress_heap(
     }
 }
 
-/// Spins for `spin_ns` nanoseconds, then writes `value` to `x[0..n]`: a
-/// slow producer for the host pool's cross-stream tests.
-///
 /// # Safety
 ///
-/// `x` holds `n` values.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn spin_fill(x: *mut u32, n: u32, value: u32, spin_ns: u64) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn spin_fill(x: *mut u32, n: u32, value: u32, spin_ns: u64) {
     let start = crate::arch::globaltimer();
     while crate::arch::globaltimer().wrapping_sub(start) < spin_ns {}
     let mut i = global_thread();
@@ -247,14 +226,11 @@ pub unsafe extern "ptx-kernel" fn spin_fill(x: *mut u32, n: u32, value: u32, spi
     }
 }
 
-/// Counts the values of `x[0..n]` that are not `expect` (`errors[0]`),
-/// then writes `value` over them.
-///
 /// # Safety
 ///
-/// `x` holds `n` values; `errors` points to a `u32`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn check_fill(x: *mut u32, n: u32, expect: u32, value: u32, errors: *mut u32) {
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn check_fill(x: *mut u32, n: u32, expect: u32, value: u32, errors: *mut u32) {
     let mut i = global_thread();
     let stride = crate::arch::grid_threads();
     while i < n {

@@ -15,13 +15,6 @@ use cuheap_core::heap::Located;
 use cuheap_core::size_class::{class_of, MAX_BLOCKS_PER_PAGE};
 use cuheap_core::{Grant, Heap, HeapHandle, Word};
 
-/// The heap's handle as kernels receive it: four scalars, so the kernel
-/// ABI never passes an aggregate.
-#[inline(always)]
-pub fn handle(meta: u64, data: u64, page_count: u32, slots: u32) -> HeapHandle {
-    HeapHandle { meta, data, page_count, slots }
-}
-
 /// # Safety
 ///
 /// `h` describes a heap created by `cuheap-host` that outlives the kernel.
@@ -45,13 +38,20 @@ pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
     let Some(class) = class_of(size) else {
         return heap.alloc(size, smid()).unwrap_or(core::ptr::null_mut());
     };
-    let peers = match_any(activemask(), class);
+    // SAFETY: `activemask()` is the lanes executing this line, and each
+    // of them makes this call next.
+    let peers = unsafe { match_any(activemask(), class) };
     let lane = laneid();
     let leader = peers.trailing_zeros();
     let mut rank = (peers & ((1u32 << lane) - 1)).count_ones() as i32;
     let mut remaining = peers.count_ones();
     let slot = smid();
-    let mut grant = Grant { page: 0, class, count: 0, start: 0 };
+    let mut grant = Grant {
+        page: 0,
+        class,
+        count: 0,
+        start: 0,
+    };
     let mut result = core::ptr::null_mut();
     loop {
         let (mut page, mut word, mut mask) = (0u32, 0u32, 0u32);
@@ -66,17 +66,24 @@ pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
                 (page, word, mask) = (run.page, run.word, run.mask);
             }
         }
-        let mask = shfl(peers, mask, leader);
+        // SAFETY: `peers` is the lanes with this class; they all run this
+        // loop for the same number of trips (`remaining` and `mask` are the
+        // same in all of them), and `leader` is one of them.
+        let mask = unsafe { shfl(peers, mask, leader) };
         if mask == 0 {
             // No class page: the lanes not yet served try a span (classes
             // with multi-unit pages, small heaps), else get a counted null.
             if rank >= 0 {
-                return heap.alloc_fallback(size, class, slot).unwrap_or(core::ptr::null_mut());
+                return heap
+                    .alloc_fallback(size, class, slot)
+                    .unwrap_or(core::ptr::null_mut());
             }
             return result;
         }
-        let page = shfl(peers, page, leader);
-        let word = shfl(peers, word, leader);
+        // SAFETY: as above.
+        let page = unsafe { shfl(peers, page, leader) };
+        // SAFETY: as above.
+        let word = unsafe { shfl(peers, word, leader) };
         let k = mask.count_ones() as i32;
         if rank >= 0 && rank < k {
             result = heap.block_addr(page, class, word * u32::BITS + mask.nth_set(rank as u32));
@@ -106,8 +113,12 @@ pub unsafe fn dev_free(h: &HeapHandle, ptr: *mut u8) {
     match heap.locate(ptr as usize) {
         Ok(Located::Block { page, word, mask }) => {
             let words = (MAX_BLOCKS_PER_PAGE / 32) as u32;
-            let peers = match_any(activemask(), page * words + word);
-            let bits = reduce_or(peers, mask);
+            // SAFETY: `activemask()` is the lanes executing this line, and
+            // each of them makes this call next.
+            let peers = unsafe { match_any(activemask(), page * words + word) };
+            // SAFETY: `peers` is the lanes that matched just above; all of
+            // them make this call next.
+            let bits = unsafe { reduce_or(peers, mask) };
             if laneid() == peers.trailing_zeros() {
                 heap.free_run(page, word, bits, smid());
                 // Lanes of one warp freeing the same block: all but one are
@@ -123,45 +134,4 @@ pub unsafe fn dev_free(h: &HeapHandle, ptr: *mut u8) {
         }
         Err(_) => {} // counted by `locate`
     }
-}
-
-// ---- C ABI for CUDA C/C++ ----------------------------------------------
-
-/// The heap that `cuheap_malloc`/`cuheap_free` use; the host writes it
-/// (module global `cuheap_heap`) before launching kernels that call them.
-#[no_mangle]
-#[allow(non_upper_case_globals)]
-pub static mut cuheap_heap: HeapHandle = HeapHandle { meta: 0, data: 0, page_count: 0, slots: 0 };
-
-/// `void* cuheap_malloc(size_t)`: [`dev_alloc`] on the module's heap;
-/// null if the host set no heap.
-///
-/// # Safety
-///
-/// The host set `cuheap_heap` to a live heap, or left it zeroed.
-#[no_mangle]
-pub unsafe extern "C" fn cuheap_malloc(size: usize) -> *mut u8 {
-    // SAFETY: the module global is written only by the host between launches.
-    let h = unsafe { core::ptr::addr_of!(cuheap_heap).read_volatile() };
-    if h.page_count == 0 {
-        return core::ptr::null_mut();
-    }
-    // SAFETY: a nonzero handle was set by the host to a live heap.
-    unsafe { dev_alloc(&h, size) }
-}
-
-/// `void cuheap_free(void*)`: [`dev_free`] on the module's heap.
-///
-/// # Safety
-///
-/// As for [`cuheap_malloc`].
-#[no_mangle]
-pub unsafe extern "C" fn cuheap_free(ptr: *mut u8) {
-    // SAFETY: as in `cuheap_malloc`.
-    let h = unsafe { core::ptr::addr_of!(cuheap_heap).read_volatile() };
-    if h.page_count == 0 {
-        return;
-    }
-    // SAFETY: as in `cuheap_malloc`.
-    unsafe { dev_free(&h, ptr) }
 }

@@ -1,20 +1,42 @@
 //! cuheap's GPU side: warp-level code and kernel entry points only. The
 //! allocator itself is `cuheap-core`, compiled here for nvptx64.
 //!
+//! The root crate's `build.rs` builds this crate twice:
+//!
+//! - with `c-abi` into `cuheap::PTX`, what a program links: the heap
+//!   ([`device_heap`], inlined into its callers) and [`c_abi`];
+//! - with `bench` into `cuheap::BENCH_PTX`: the benchmark and test kernels,
+//!   whose entry points ([`entry`]) are generated from `signatures.rs`, the
+//!   table the host's typed launches are generated from too.
+//!
+//! Modules, each using only those before it:
+//!
 //! - [`arch`]: every NVVM intrinsic and inline PTX the crate uses.
-//! - [`device_heap`]: `dev_alloc`/`dev_free`, the warp-cooperative paths,
-//!   and the C ABI (`cuheap_malloc`/`cuheap_free`) for CUDA C/C++.
-//! - [`bench`]: benchmark kernels (cuheap, CUDA's malloc, a bump ceiling).
-//! - [`checks`]: kernels the GPU tests use (conformance, fill-and-check).
+//! - [`device_heap`]: `dev_alloc`/`dev_free` and their warp-cooperative paths.
+//! - [`c_abi`]: `cuheap_malloc`/`cuheap_free` for CUDA C/C++.
+//! - [`bench`]: benchmark kernel bodies (cuheap, CUDA's malloc, a bump ceiling).
+//! - [`checks`]: test kernel bodies (conformance, fill-and-check, stress).
+//! - [`entry`]: the `.entry` points of `bench` and `checks`.
 #![no_std]
-#![feature(abi_ptx, stdarch_nvptx, link_llvm_intrinsics, asm_experimental_arch)]
+#![feature(stdarch_nvptx, link_llvm_intrinsics, asm_experimental_arch)]
+#![cfg_attr(feature = "bench", feature(abi_ptx))]
 #![allow(internal_features)]
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![deny(
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks,
+    clippy::missing_safety_doc
+)]
 
 pub mod arch;
+#[cfg(feature = "bench")]
 pub mod bench;
+#[cfg(feature = "c-abi")]
+pub mod c_abi;
+#[cfg(feature = "bench")]
 pub mod checks;
 pub mod device_heap;
+#[cfg(feature = "bench")]
+pub mod entry;
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {

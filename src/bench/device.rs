@@ -6,8 +6,9 @@
 //! events around one launch: the median of `reps` runs after a warm-up.
 
 use super::median;
-use crate::{DeviceHeap, Gpu, Result};
-use cuheap_core::workload::thread_size;
+use crate::kernels::Bench;
+use crate::{DeviceHeap, Gpu, LaunchConfig, Result};
+use super::workload::thread_size;
 use cuheap_host::DeviceMemory;
 use serde::Serialize;
 
@@ -23,7 +24,9 @@ pub struct Row {
     pub runs: usize,
     /// Allocations per second at the median.
     pub allocs_per_s: f64,
+    /// Null allocations over all runs.
     pub nulls: u32,
+    /// Wrong contents, overlap or misalignment, blocks not returned.
     pub errors: u32,
     /// Bytes of pages holding live blocks at the peak over bytes requested
     /// (cuheap alloc).
@@ -47,6 +50,28 @@ pub struct Report {
     pub heap_bytes: usize,
     pub rows: Vec<Row>,
     pub skipped: Vec<Skip>,
+}
+
+impl Report {
+    /// One line per row with null allocations or errors: a benchmark
+    /// that has any failed, whatever its times.
+    pub fn failures(&self) -> Vec<String> {
+        self.rows
+            .iter()
+            .filter(|r| r.nulls > 0 || r.errors > 0)
+            .map(|r| {
+                format!(
+                    "{} {} {} x {}: {} nulls, {} errors",
+                    r.allocator,
+                    r.shape,
+                    r.threads,
+                    size_name(r.size),
+                    r.nulls,
+                    r.errors
+                )
+            })
+            .collect()
+    }
 }
 
 /// Benchmark settings.
@@ -80,7 +105,10 @@ impl Default for Config {
     }
 }
 
+/// What every case launches with: the kernels, a pointer per thread of
+/// the largest case, the two error counters, the bump cursor.
 struct Buffers {
+    kernels: Bench,
     ptrs: DeviceMemory,
     errors: DeviceMemory,
     cursor: DeviceMemory,
@@ -112,6 +140,7 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
         .unwrap_or(1)
         .max(cfg.large.0);
     let bufs = Buffers {
+        kernels: Bench::new(gpu)?,
         ptrs: gpu.alloc_zeroed(max_threads as usize * 8)?,
         errors: gpu.alloc_zeroed(8)?,
         cursor: gpu.alloc_zeroed(8)?,
@@ -190,29 +219,25 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
 /// id means two live blocks overlapped) and its alignment: 16 bytes, and
 /// natural alignment for power-of-two sizes when `natural` (cuheap's
 /// promise). Failures go to `errors[1]`. Untimed.
-pub fn fill_and_check(
-    gpu: &Gpu,
+///
+/// # Safety
+///
+/// `ptrs` holds `n` pointers, each null or a live block of at least the
+/// size thread `tid` asked for with `sz` (as after an alloc kernel of
+/// `n` threads and size `sz`), and `errors` at least two `u32`s.
+pub unsafe fn fill_and_check(
+    kernels: &Bench,
     ptrs: &DeviceMemory,
     errors: &DeviceMemory,
     n: u32,
     sz: u32,
     natural: bool,
 ) -> Result<()> {
-    // SAFETY: fill_blocks(ptrs, n, sz) and check_blocks(ptrs, n, sz,
-    // natural, errors) over `n` pointers from an alloc kernel of size `sz`.
+    let cfg = LaunchConfig::for_threads(n);
+    // SAFETY: fill_blocks' and check_blocks' contracts are the caller's.
     unsafe {
-        gpu.launch("fill_blocks", n)?
-            .u64(ptrs.ptr())
-            .u32(n)
-            .u32(sz)
-            .run()?;
-        gpu.launch("check_blocks", n)?
-            .u64(ptrs.ptr())
-            .u32(n)
-            .u32(sz)
-            .u32(natural as u32)
-            .u64(errors.ptr())
-            .run()
+        kernels.fill_blocks(&cfg, ptrs.as_ptr(), n, sz)?;
+        kernels.check_blocks(&cfg, ptrs.as_ptr(), n, sz, natural as u32, errors.as_ptr())
     }
 }
 
@@ -259,20 +284,18 @@ fn cuheap_case(
     s: u32,
     report: &mut Report,
 ) -> Result<()> {
+    let k = &b.kernels;
+    let launch = LaunchConfig::for_threads(t);
     // Each case starts from an empty heap: its footprint is its own.
-    heap.reset()?;
-    let h = heap.handle();
-    let pair = || -> Result<()> {
-        // SAFETY: matches pair_cuheap(meta, data, pages, slots, n, sz, errors).
-        unsafe {
-            gpu.launch("pair_cuheap", t)?
-                .heap(&h)
-                .u32(t)
-                .u32(s)
-                .u64(b.errors.ptr())
-                .run()
-        }
-    };
+    // SAFETY: every launch so far was on the GPU's stream, the legacy
+    // default stream that the reset runs on, and the last one was waited
+    // for (reading the error counters synchronises).
+    unsafe { heap.reset()? };
+    // SAFETY: the heap outlives every launch of this case (it is dropped
+    // after `run` synchronises), and so do `b.ptrs`, which holds pointers
+    // for the largest case (>= t), and `b.errors`, two u32s. The alloc and
+    // free launches below rely on the same.
+    let pair = || unsafe { k.pair_cuheap(&launch, heap, t, s, b.errors.as_ptr()) };
     pair()?;
     gpu.sync()?;
     let mut times = Vec::new();
@@ -290,18 +313,9 @@ fn cuheap_case(
     let (mut ratio, mut footprint) = (0.0, 0.0);
     let mut check_errs = [0u32; 2];
     for rep in 0..=cfg.reps {
-        let alloc = || -> Result<()> {
-            // SAFETY: matches alloc_cuheap(meta, data, pages, slots, n, sz, ptrs, errors).
-            unsafe {
-                gpu.launch("alloc_cuheap", t)?
-                    .heap(&h)
-                    .u32(t)
-                    .u32(s)
-                    .u64(b.ptrs.ptr())
-                    .u64(b.errors.ptr())
-                    .run()
-            }
-        };
+        // SAFETY: as for `pair`.
+        let alloc =
+            || unsafe { k.alloc_cuheap(&launch, heap, t, s, b.ptrs.as_ptr(), b.errors.as_ptr()) };
         let ms_a = gpu.time(alloc)? as f64;
         if rep == 1 {
             let st = heap.stats()?;
@@ -309,17 +323,10 @@ fn cuheap_case(
             ratio = st.bytes_in_live_pages as f64 / requested;
             footprint = st.bytes_reserved as f64 / requested;
         }
-        fill_and_check(gpu, &b.ptrs, &b.errors, t, s, true)?;
-        let free = || -> Result<()> {
-            // SAFETY: matches free_cuheap(meta, data, pages, slots, n, ptrs).
-            unsafe {
-                gpu.launch("free_cuheap", t)?
-                    .heap(&h)
-                    .u32(t)
-                    .u64(b.ptrs.ptr())
-                    .run()
-            }
-        };
+        // SAFETY: `b.ptrs` holds the t blocks (or nulls) alloc_cuheap just made.
+        unsafe { fill_and_check(k, &b.ptrs, &b.errors, t, s, true)? };
+        // SAFETY: as for `pair`; the pointers are this heap's.
+        let free = || unsafe { k.free_cuheap(&launch, heap, t, b.ptrs.as_ptr()) };
         let ms_f = gpu.time(free)? as f64;
         let e = b.errors()?;
         check_errs[0] += e[0];
@@ -351,29 +358,33 @@ fn bump_case(
     s: u32,
     report: &mut Report,
 ) -> Result<()> {
+    let launch = LaunchConfig::for_threads(t);
     let mut times = Vec::new();
     for rep in 0..=cfg.reps {
         b.cursor.zero()?;
-        let alloc = || -> Result<()> {
-            // SAFETY: matches alloc_bump(base, cap, cursor, n, sz, ptrs, errors).
-            unsafe {
-                gpu.launch("alloc_bump", t)?
-                    .u64(bump.ptr())
-                    .u64(bump.bytes() as u64)
-                    .u64(b.cursor.ptr())
-                    .u32(t)
-                    .u32(s)
-                    .u64(b.ptrs.ptr())
-                    .u64(b.errors.ptr())
-                    .run()
-            }
+        // SAFETY: `bump` holds its `bytes()`, `b.cursor` a u64, `b.ptrs`
+        // pointers for the largest case (>= t), `b.errors` two u32s; all
+        // outlive the launch (dropped after `run` synchronises).
+        let alloc = || unsafe {
+            b.kernels.alloc_bump(
+                &launch,
+                bump.as_ptr(),
+                bump.bytes() as u64,
+                b.cursor.as_ptr(),
+                t,
+                s,
+                b.ptrs.as_ptr(),
+                b.errors.as_ptr(),
+            )
         };
         let ms = gpu.time(alloc)? as f64;
         if rep > 0 {
             times.push(ms);
         }
     }
-    fill_and_check(gpu, &b.ptrs, &b.errors, t, s, false)?;
+    // SAFETY: `b.ptrs` holds the t blocks (or nulls) of the last alloc_bump,
+    // inside `bump`.
+    unsafe { fill_and_check(&b.kernels, &b.ptrs, &b.errors, t, s, false)? };
     report
         .rows
         .push(row("bump (ceiling)", "alloc", t, s, times, b.errors()?));
@@ -388,16 +399,13 @@ fn cuda_case(
     s: u32,
     report: &mut Report,
 ) -> Result<()> {
-    let pair = || -> Result<()> {
-        // SAFETY: matches pair_cuda(n, sz, errors).
-        unsafe {
-            gpu.launch("pair_cuda", t)?
-                .u32(t)
-                .u32(s)
-                .u64(b.errors.ptr())
-                .run()
-        }
-    };
+    let k = &b.kernels;
+    let launch = LaunchConfig::for_threads(t);
+    // SAFETY: `b.ptrs` holds pointers for the largest case (>= t) and
+    // `b.errors` two u32s, both outliving the launch. The alloc and free
+    // launches below rely on the same; free_cuda gets the pointers
+    // alloc_cuda just made, once.
+    let pair = || unsafe { k.pair_cuda(&launch, t, s, b.errors.as_ptr()) };
     let first = gpu.time(pair)? as f64;
     if first > cfg.cuda_budget_ms {
         b.errors()?;
@@ -419,23 +427,13 @@ fn cuda_case(
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
     let mut errs = [0u32; 2];
     for _ in 0..cfg.reps {
-        let alloc = || -> Result<()> {
-            // SAFETY: matches alloc_cuda(n, sz, ptrs, errors).
-            unsafe {
-                gpu.launch("alloc_cuda", t)?
-                    .u32(t)
-                    .u32(s)
-                    .u64(b.ptrs.ptr())
-                    .u64(b.errors.ptr())
-                    .run()
-            }
-        };
+        // SAFETY: as for `pair`.
+        let alloc = || unsafe { k.alloc_cuda(&launch, t, s, b.ptrs.as_ptr(), b.errors.as_ptr()) };
         ta.push(gpu.time(alloc)? as f64);
-        fill_and_check(gpu, &b.ptrs, &b.errors, t, s, false)?;
-        let free = || -> Result<()> {
-            // SAFETY: matches free_cuda(n, ptrs).
-            unsafe { gpu.launch("free_cuda", t)?.u32(t).u64(b.ptrs.ptr()).run() }
-        };
+        // SAFETY: `b.ptrs` holds the t blocks (or nulls) alloc_cuda just made.
+        unsafe { fill_and_check(k, &b.ptrs, &b.errors, t, s, false)? };
+        // SAFETY: as for `pair`.
+        let free = || unsafe { k.free_cuda(&launch, t, b.ptrs.as_ptr()) };
         tf.push(gpu.time(free)? as f64);
         let e = b.errors()?;
         errs[0] += e[0];

@@ -35,9 +35,9 @@ pub fn device_table(r: &Report) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "| T x size | cuheap pair | pairs/s | CUDA malloc pair | speedup | cuheap alloc | cuheap free | bump alloc | alloc / bump | live pages / requested | footprint / requested | errors |"
+        "| T x size | cuheap pair | pairs/s | CUDA malloc pair | speedup | cuheap alloc | cuheap free | bump alloc | alloc / bump | live pages / requested | footprint / requested | nulls | errors |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut keys: Vec<(u32, u32)> = r.rows.iter().map(|x| (x.threads, x.size)).collect();
     keys.dedup();
     keys.sort_by_key(|&(t, s)| (t, if s == 0 { u32::MAX / 2 } else { s }));
@@ -56,11 +56,16 @@ pub fn device_table(r: &Report) -> String {
             (Some(a), Some(b)) => format!("{:.2}", a.median_ms / b.median_ms),
             _ => "-".into(),
         };
-        let errors: u32 = [pair, alloc, cuda, bump]
-            .iter()
-            .flatten()
-            .map(|x| x.errors)
-            .sum();
+        // The free rows repeat their alloc row's counts.
+        let measured = [
+            pair,
+            alloc,
+            cuda,
+            bump,
+            find(r, "CUDA malloc", "alloc", t, s),
+        ];
+        let nulls: u32 = measured.iter().flatten().map(|x| x.nulls).sum();
+        let errors: u32 = measured.iter().flatten().map(|x| x.errors).sum();
         let cuda_cell = match cuda {
             Some(_) => ms(cuda),
             None => r
@@ -71,7 +76,7 @@ pub fn device_table(r: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} x {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} x {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             threads_name(t),
             size_name(s),
             ms(pair),
@@ -88,8 +93,13 @@ pub fn device_table(r: &Report) -> String {
             alloc
                 .and_then(|a| a.footprint_ratio)
                 .map_or("-".into(), |x| format!("{x:.2}")),
-            errors,
+            failed(nulls),
+            failed(errors),
         );
+    }
+    let failures = r.failures();
+    if !failures.is_empty() {
+        let _ = writeln!(out, "\nFAILED: {}", failures.join("; "));
     }
     for k in r.skipped.iter().filter(|k| k.allocator == "all") {
         let _ = writeln!(
@@ -101,6 +111,15 @@ pub fn device_table(r: &Report) -> String {
         );
     }
     out
+}
+
+/// A failure count for a table cell, marked when it is not 0.
+fn failed(n: u32) -> String {
+    if n == 0 {
+        "0".into()
+    } else {
+        format!("**{n} FAILED**")
+    }
 }
 
 /// A grouped bar chart on a log scale, as SVG: one group per label, one
@@ -229,6 +248,40 @@ pub fn device_svg(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(allocator: &'static str, shape: &'static str, nulls: u32, errors: u32) -> Row {
+        Row {
+            allocator,
+            shape,
+            threads: 1024,
+            size: 64,
+            median_ms: 1.0,
+            runs: 1,
+            allocs_per_s: 1e6,
+            nulls,
+            errors,
+            memory_ratio: None,
+            footprint_ratio: None,
+        }
+    }
+
+    #[test]
+    fn nulls_and_errors_show_in_the_table_and_fail_the_report() {
+        let mut r = Report::default();
+        r.rows.push(row("cuheap", "pair", 0, 0));
+        assert!(r.failures().is_empty());
+        assert!(!device_table(&r).contains("FAILED"));
+        r.rows.push(row("cuheap", "alloc", 3, 0));
+        r.rows.push(row("bump (ceiling)", "alloc", 0, 2));
+        assert_eq!(r.failures().len(), 2);
+        let table = device_table(&r);
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("| 1K x 64 B"))
+            .unwrap();
+        assert!(line.ends_with("| **3 FAILED** | **2 FAILED** |"), "{line}");
+        assert!(table.contains("FAILED: cuheap alloc 1024 x 64 B: 3 nulls, 0 errors"));
+    }
 
     #[test]
     fn bar_chart_draws_one_bar_per_value() {

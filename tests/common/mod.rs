@@ -1,23 +1,37 @@
-//! Helpers shared by the GPU tests.
+//! Helpers shared by the GPU tests: each launches one kernel of
+//! `cuheap::kernels::Bench` and waits for it.
 #![allow(dead_code)]
 
 use cuheap::host::DeviceMemory;
-use cuheap::{DeviceHeap, Gpu};
+use cuheap::kernels::Bench;
+use cuheap::{DeviceHeap, Gpu, LaunchConfig};
 
+/// GPU 0 with the benchmark and test kernels loaded.
 pub fn gpu() -> Gpu {
-    cuheap::open_gpu().expect("these tests need an NVIDIA GPU")
+    cuheap::open_bench_gpu().expect("these tests need an NVIDIA GPU")
 }
 
+/// The kernels of `gpu` (opened by [`gpu`]).
+pub fn kernels(gpu: &Gpu) -> Bench {
+    Bench::new(gpu).expect("BENCH_PTX has every kernel of the table")
+}
+
+/// A pointer per thread and the two error counters `[nulls, damaged]`.
 pub struct Bufs {
+    pub kernels: Bench,
     pub ptrs: DeviceMemory,
     pub errors: DeviceMemory,
+    threads: u32,
 }
 
 impl Bufs {
+    /// For launches of up to `n` threads.
     pub fn new(gpu: &Gpu, n: u32) -> Bufs {
         Bufs {
+            kernels: kernels(gpu),
             ptrs: gpu.alloc_zeroed(n as usize * 8).unwrap(),
             errors: gpu.alloc_zeroed(8).unwrap(),
+            threads: n,
         }
     }
 
@@ -36,52 +50,50 @@ impl Bufs {
     }
 }
 
-pub fn alloc(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32, sz: u32) {
-    // SAFETY: matches alloc_cuheap(meta, data, pages, slots, n, sz, ptrs, errors).
-    unsafe {
-        gpu.launch("alloc_cuheap", n)
-            .unwrap()
-            .heap(&heap.handle())
-            .u32(n)
-            .u32(sz)
-            .u64(b.ptrs.ptr())
-            .u64(b.errors.ptr())
-            .run()
-            .unwrap()
-    };
+/// Waits for the launch just queued; any error fails the test.
+fn wait(gpu: &Gpu, launched: cuheap::Result<()>) {
+    launched.unwrap();
     gpu.sync().unwrap();
 }
 
+pub fn alloc(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32, sz: u32) {
+    assert!(n <= b.threads);
+    let cfg = LaunchConfig::for_threads(n);
+    // SAFETY: `b.ptrs` holds n pointers and `b.errors` two u32s; the heap
+    // and both buffers outlive the launch, which is waited for.
+    let launched = unsafe {
+        b.kernels
+            .alloc_cuheap(&cfg, heap, n, sz, b.ptrs.as_ptr(), b.errors.as_ptr())
+    };
+    wait(gpu, launched);
+}
+
+/// Fills and checks the blocks of the last [`alloc`] of `n` threads and
+/// size `sz`.
 pub fn fill_check(gpu: &Gpu, b: &Bufs, n: u32, sz: u32) {
-    cuheap::bench::device::fill_and_check(gpu, &b.ptrs, &b.errors, n, sz, true).unwrap();
-    gpu.sync().unwrap();
+    assert!(n <= b.threads);
+    // SAFETY: `b.ptrs` holds the n blocks (or nulls) that the last alloc
+    // made with `sz`, each still live (tests free after checking).
+    let launched = unsafe {
+        cuheap::bench::device::fill_and_check(&b.kernels, &b.ptrs, &b.errors, n, sz, true)
+    };
+    wait(gpu, launched);
 }
 
 pub fn free(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32) {
-    // SAFETY: matches free_cuheap(meta, data, pages, slots, n, ptrs).
-    unsafe {
-        gpu.launch("free_cuheap", n)
-            .unwrap()
-            .heap(&heap.handle())
-            .u32(n)
-            .u64(b.ptrs.ptr())
-            .run()
-            .unwrap()
-    };
-    gpu.sync().unwrap();
+    assert!(n <= b.threads);
+    let cfg = LaunchConfig::for_threads(n);
+    // SAFETY: `b.ptrs` holds n pointers, which free_cuheap only hands to
+    // the heap (which refuses those not its own); the heap and the buffer
+    // outlive the launch, which is waited for.
+    let launched = unsafe { b.kernels.free_cuheap(&cfg, heap, n, b.ptrs.as_ptr()) };
+    wait(gpu, launched);
 }
 
 pub fn pair(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32, sz: u32) {
-    // SAFETY: matches pair_cuheap(meta, data, pages, slots, n, sz, errors).
-    unsafe {
-        gpu.launch("pair_cuheap", n)
-            .unwrap()
-            .heap(&heap.handle())
-            .u32(n)
-            .u32(sz)
-            .u64(b.errors.ptr())
-            .run()
-            .unwrap()
-    };
-    gpu.sync().unwrap();
+    let cfg = LaunchConfig::for_threads(n);
+    // SAFETY: `b.errors` holds two u32s; the heap and the buffer outlive
+    // the launch, which is waited for.
+    let launched = unsafe { b.kernels.pair_cuheap(&cfg, heap, n, sz, b.errors.as_ptr()) };
+    wait(gpu, launched);
 }

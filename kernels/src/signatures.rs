@@ -1,0 +1,144 @@
+// The benchmark and test kernels' parameters: the one place they are written.
+//
+// Included by `kernels/src/entry.rs`, which generates each `.entry` point
+// (and fails to compile if a body's parameters differ), and by the root
+// crate's `src/kernels.rs`, which generates the typed host launches. The
+// types are the device's; on the host a `*mut T` or `*const T` is a
+// `DevicePtr<T>` and a `HeapHandle` is a `&DeviceHeap`.
+//
+// Shared conventions: `n` threads do the work (one item each; the grid may
+// be larger); `sz` is the bytes each thread allocates, 0 for mixed sizes
+// (16..=4096, fixed per thread); `errors` points to two `u32` counters,
+// `[0]` null allocations and `[1]` wrong contents or alignment.
+
+signatures! {
+    /// Per thread: allocates `sz` bytes from `heap`, writes up to 4 words,
+    /// fences, reads them back, frees.
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; `errors` points to two `u32`s.
+    fn bench::pair_cuheap(heap: HeapHandle, n: u32, sz: u32, errors: *mut u32);
+
+    /// Per thread: allocates `sz` bytes from `heap` into `ptrs[tid]`.
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; `ptrs` holds `n` pointers;
+    /// `errors` points to two `u32`s.
+    fn bench::alloc_cuheap(heap: HeapHandle, n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32);
+
+    /// Per thread: frees `ptrs[tid]` to `heap` (null, foreign, interior and
+    /// double frees are refused and counted in the heap's `bad_frees`).
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; `ptrs` holds `n` pointers.
+    fn bench::free_cuheap(heap: HeapHandle, n: u32, ptrs: *mut *mut u8);
+
+    /// `pair_cuheap` on CUDA's device `malloc`/`free`.
+    ///
+    /// # Safety
+    ///
+    /// `errors` points to two `u32`s.
+    fn bench::pair_cuda(n: u32, sz: u32, errors: *mut u32);
+
+    /// `alloc_cuheap` on CUDA's device `malloc`.
+    ///
+    /// # Safety
+    ///
+    /// `ptrs` holds `n` pointers; `errors` points to two `u32`s.
+    fn bench::alloc_cuda(n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32);
+
+    /// Per thread: CUDA's device `free` of `ptrs[tid]`.
+    ///
+    /// # Safety
+    ///
+    /// `ptrs` holds `n` pointers, each null or from `alloc_cuda` and not
+    /// yet freed.
+    fn bench::free_cuda(n: u32, ptrs: *mut *mut u8);
+
+    /// The ceiling: a warp-aggregated bump pointer over `cap` bytes at
+    /// `base` (one atomic per warp, no free). `cursor` is the offset of the
+    /// next free byte.
+    ///
+    /// # Safety
+    ///
+    /// `base` holds `cap` bytes; `cursor` points to a `u64`; `ptrs` holds
+    /// `n` pointers; `errors` points to two `u32`s.
+    fn bench::alloc_bump(base: *mut u8, cap: u64, cursor: *mut u64, n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32);
+
+    /// `x[i] = x[i] * 2 + 1`: proves a launch runs and writes memory.
+    ///
+    /// # Safety
+    ///
+    /// `x` holds `n` values.
+    fn checks::smoke(x: *mut u32, n: u32);
+
+    /// For every size `s` in `0..=max`: `class[s]` = `class_of(s)` (or
+    /// `u32::MAX`) and `size[s]` = that class's block size.
+    ///
+    /// # Safety
+    ///
+    /// `class` and `size` hold `max + 1` values.
+    fn checks::conformance_classes(class: *mut u32, size: *mut u32, max: u32);
+
+    /// For input word `i` and every `k` in `0..=32`: `out[(i*33+k)*2]` =
+    /// `lowest_set(w, k)`, `out[(i*33+k)*2+1]` = `nth_set(w, k)` (or `u32::MAX`).
+    ///
+    /// # Safety
+    ///
+    /// `words` holds `n` values, `out` `n * 66`.
+    fn checks::conformance_bits(words: *const u32, n: u32, out: *mut u32);
+
+    /// The metadata layout of a heap of `pages` pages and `slots` slots as
+    /// the GPU computes it: 8 values (thread 0 only).
+    ///
+    /// # Safety
+    ///
+    /// `out` holds 8 values.
+    fn checks::conformance_layout(pages: u32, slots: u32, out: *mut u64);
+
+    /// Fills each thread's whole block `ptrs[tid]` with its thread id.
+    ///
+    /// # Safety
+    ///
+    /// `ptrs` holds `n` pointers, each null or a live block of at least
+    /// the size thread `tid` asked for with `sz`.
+    fn checks::fill_blocks(ptrs: *const *mut u8, n: u32, sz: u32);
+
+    /// Checks each block still holds only its thread id (another id means
+    /// two live blocks overlapped) and is aligned: 16 bytes, and its own
+    /// size for power-of-two sizes up to 64 KiB when `natural != 0`
+    /// (cuheap's promise). Failures go to `errors[1]`.
+    ///
+    /// # Safety
+    ///
+    /// As for `fill_blocks`; `errors` points to two `u32`s.
+    fn checks::check_blocks(ptrs: *const *mut u8, n: u32, sz: u32, natural: u32, errors: *mut u32);
+
+    /// Random sizes, `rounds` rounds: each thread holds two blocks at once,
+    /// tags them, checks both, frees both. Mostly small sizes, some large
+    /// classes and some spans.
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; `errors` points to two `u32`s.
+    fn checks::stress_heap(heap: HeapHandle, n: u32, rounds: u32, seed: u32, errors: *mut u32);
+
+    /// Spins for `spin_ns` nanoseconds, then writes `value` to `x[0..n]`
+    /// (grid-stride): a slow producer for cross-stream tests.
+    ///
+    /// # Safety
+    ///
+    /// `x` holds `n` values.
+    fn checks::spin_fill(x: *mut u32, n: u32, value: u32, spin_ns: u64);
+
+    /// Counts the values of `x[0..n]` that are not `expect` (in
+    /// `errors[0]`), then writes `value` over them (grid-stride).
+    ///
+    /// # Safety
+    ///
+    /// `x` holds `n` values; `errors` points to a `u32`.
+    fn checks::check_fill(x: *mut u32, n: u32, expect: u32, value: u32, errors: *mut u32);
+}
