@@ -244,34 +244,39 @@ fn threads_with_own_streams_fill_and_check() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn event_log_replays() {
+    use cuheap::host::trace::Action;
+    use cuheap::host::{Logged, Resource};
     let _turn = turn();
     let gpu = gpu();
     let path = std::env::temp_dir().join(format!("cuheap-trace-{}.csv", std::process::id()));
-    let cfg = PoolConfig {
-        log: Some(path.clone()),
-        ..PoolConfig::new(1 << 30)
-    };
-    let pool = Arc::new(Pool::new(gpu.context(), cfg).unwrap());
+    let pool = Pool::new(gpu.context(), PoolConfig::new(1 << 30)).unwrap();
+    let logged = Logged::to_file(pool, &path).unwrap();
     let (sa, sb) = (stream(&gpu), stream(&gpu));
     let mut live = Vec::new();
     for i in 0..1000usize {
         let s = if i % 3 == 0 { &sb } else { &sa };
         live.push((
-            pool.alloc(256 + (i * 4099) % (1 << 20), s).unwrap(),
+            logged.allocate(256 + (i * 4099) % (1 << 20), s).unwrap(),
             s.clone(),
         ));
         if i % 2 == 1 {
             let (p, s) = live.swap_remove(i % live.len());
-            pool.free(p, &s).unwrap();
+            logged.deallocate(p, &s).unwrap();
         }
     }
     for (p, s) in live {
-        pool.free(p, &s).unwrap();
+        logged.deallocate(p, &s).unwrap();
     }
-    drop(pool); // flushes the log
-    let events = cuheap::host::parse_trace(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    drop(logged); // flushes the log
+    let events = cuheap::host::read_trace(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(events.len(), 2000);
-    assert_eq!(events.iter().filter(|e| e.alloc).count(), 1000);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.action == Action::Allocate)
+            .count(),
+        1000
+    );
     let rows = cuheap::bench::replay::run(&gpu, &events).unwrap();
     assert!(
         rows.iter().all(|r| r.allocs == 1000 && r.frees == 1000),

@@ -5,6 +5,9 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+mod backend;
+pub use backend::{CudaBackend, CudaMemory};
+
 /// What `cuheap info` prints about a device.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {

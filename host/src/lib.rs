@@ -9,19 +9,29 @@
 //!    a machine without a GPU gets [`Error::NoDriver`], never a panic.
 //! 3. [`device_heap`]: [`DeviceHeap`], the memory behind the in-kernel
 //!    heap, its handle for kernels and its statistics.
-//! 4. [`vmm`], [`reclaim`], [`stream_pool`]: the host pool ([`Pool`]):
+//! 4. [`backend`]: what the pool needs from a device, as a trait, on the
+//!    CUDA driver ([`driver::CudaBackend`]) or in host memory for tests
+//!    ([`backend::HostBackend`]).
+//! 5. [`vmm`], [`reclaim`], [`stream_pool`]: the host pool ([`Pool`]):
 //!    a reserved address range mapped as it grows, pooled events, and
 //!    stream-ordered allocation with per-stream caches.
+//! 6. [`trace`]: a logging adaptor over any resource and a reader of
+//!    traces in RAPIDS RMM's CSV format.
 
+pub mod backend;
 pub mod device_heap;
 pub mod driver;
 pub mod error;
 pub mod reclaim;
 pub mod stream_pool;
+pub mod trace;
 pub mod vmm;
 
+pub use backend::{Backend, HostBackend, HostStream};
 pub use cuheap_core::{HeapHandle, Stats};
 pub use device_heap::DeviceHeap;
+pub use driver::CudaBackend;
 pub use driver::{DeviceInfo, DeviceMemory, Function, Gpu, Launch, LoadOptions};
 pub use error::{Error, Result};
-pub use stream_pool::{parse_trace, DeviceBuffer, Pool, PoolConfig, PoolStats, TraceEvent};
+pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};
+pub use trace::{read_trace, Logged, Resource, TraceEvent};
