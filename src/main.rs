@@ -20,8 +20,9 @@ struct Cli {
 enum Command {
     /// The GPU, driver, CUDA version and the embedded PTX's functions and kernels.
     Info,
-    /// Replays an alloc/free trace (a pool's `PoolConfig::log` CSV) against
-    /// the cuheap pool and cudaMallocAsync.
+    /// Replays an alloc/free trace in RAPIDS RMM's CSV format
+    /// (`Thread,Time,Action,Pointer,Size,Stream`) against the cuheap pool
+    /// and cudaMallocAsync.
     Replay {
         trace: PathBuf,
         #[arg(long)]
@@ -81,7 +82,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Info => info(),
         Command::Replay { trace, json } => {
             let text = std::fs::read_to_string(&trace)?;
-            let events = cuheap::host::parse_trace(&text)?;
+            let events = cuheap::host::read_trace(&text)?;
             let gpu = cuheap::open_gpu()?;
             let rows = cuheap::bench::replay::run(&gpu, &events)?;
             println!("{} events from {}\n", events.len(), trace.display());

@@ -6,7 +6,8 @@ mod common;
 use common::gpu;
 use cudarc::driver::{sys, CudaStream};
 use cuheap::host::{DeviceBuffer, Pool, PoolConfig};
-use cuheap::Gpu;
+use cuheap::kernels::Bench;
+use cuheap::{DevicePtr, Gpu, LaunchConfig};
 use std::sync::Arc;
 
 /// The tests of this file take turns: one reads cuMemGetInfo, which the
@@ -55,43 +56,45 @@ fn cross_stream_reuse_waits_on_the_gpu_not_the_host() {
     let errors = gpu.alloc_zeroed(4).unwrap();
     let p = pool.alloc(n as usize * 4, &sa).unwrap();
     // A slow producer on A (200 ms), then the block is freed on A.
-    // SAFETY: spin_fill(x, n, value, spin_ns) over n u32s of the block.
+    let k = Bench::new(&gpu).unwrap();
+    // SAFETY: the block holds n u32s and stays allocated until after the kernel.
     unsafe {
-        gpu.launch("spin_fill", 256 * 1024)
-            .unwrap()
-            .on(&sa)
-            .u64(p)
-            .u32(n)
-            .u32(A)
-            .u64(200_000_000)
-            .run()
-            .unwrap()
+        k.spin_fill(
+            &LaunchConfig::for_threads(256 * 1024).on(&sa),
+            DevicePtr::from_raw(p),
+            n,
+            A,
+            200_000_000,
+        )
+        .unwrap()
     };
     pool.free(p, &sa).unwrap();
     // B gets the same block at once; its kernel must see A's data, i.e. run after A.
     let q = pool.alloc(n as usize * 4, &sb).unwrap();
     assert_eq!(q, p, "the block freed on A is reused on B");
     assert!(busy(&sa), "the host waited for stream A");
-    // SAFETY: check_fill(x, n, expect, value, errors).
+    // SAFETY: as above, on B; `errors` holds a u32.
     unsafe {
-        gpu.launch("check_fill", 256 * 1024)
-            .unwrap()
-            .on(&sb)
-            .u64(q)
-            .u32(n)
-            .u32(A)
-            .u32(B)
-            .u64(errors.ptr())
-            .run()
-            .unwrap()
+        k.check_fill(
+            &LaunchConfig::for_threads(256 * 1024).on(&sb),
+            DevicePtr::from_raw(q),
+            n,
+            A,
+            B,
+            errors.as_ptr(),
+        )
+        .unwrap()
     };
-    sb.synchronize().unwrap();
     let mut e = [0u32];
-    errors.read(0, &mut e).unwrap();
+    errors.read_on(0, &mut e, &sb).unwrap();
     assert_eq!(e[0], 0, "B's kernel ran before A's finished");
     let mut data = vec![0u32; n as usize];
-    // SAFETY: reads the block into host memory after both streams finished.
-    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut data, q) }.unwrap();
+    // SAFETY: `q` is a live block of n u32s; the copy follows B's kernel on B.
+    unsafe {
+        use cuheap::host::Backend;
+        let bytes = cuheap::host::bytemuck::cast_slice_mut(&mut data);
+        pool.backend().copy_from_device(bytes, q, &sb).unwrap()
+    };
     assert!(
         data.iter().all(|&v| v == B),
         "B's data is the final content"
@@ -181,9 +184,10 @@ fn threads_with_own_streams_fill_and_check() {
     let gpu = Arc::new(gpu());
     let pool = pool(&gpu, 8 << 30);
     let errors = Arc::new(gpu.alloc_zeroed(4).unwrap());
+    let k = Bench::new(&gpu).unwrap();
     std::thread::scope(|sc| {
         for t in 0..8u32 {
-            let (gpu, pool, errors) = (gpu.clone(), pool.clone(), errors.clone());
+            let (gpu, pool, errors, k) = (gpu.clone(), pool.clone(), errors.clone(), &k);
             sc.spawn(move || {
                 let s = gpu.context().new_stream().unwrap();
                 let mut x = 0x9E37_79B9u32 ^ t;
@@ -195,26 +199,13 @@ fn threads_with_own_streams_fill_and_check() {
                     let words = 64 + (x % (1 << 20)) as usize;
                     let buf = DeviceBuffer::<u32>::new(&pool, words, &s).unwrap();
                     let v = (t << 24) | i;
-                    // SAFETY: spin_fill/check_fill over `words` u32s of the buffer.
+                    let cfg = LaunchConfig::for_threads(64 * 1024).on(&s);
+                    let at = DevicePtr::from_raw(buf.ptr());
+                    // SAFETY: spin_fill/check_fill over `words` u32s of the
+                    // buffer, freed on the same stream afterwards.
                     unsafe {
-                        gpu.launch("spin_fill", 64 * 1024)
-                            .unwrap()
-                            .on(&s)
-                            .u64(buf.ptr())
-                            .u32(words as u32)
-                            .u32(v)
-                            .u64(0)
-                            .run()
-                            .unwrap();
-                        gpu.launch("check_fill", 64 * 1024)
-                            .unwrap()
-                            .on(&s)
-                            .u64(buf.ptr())
-                            .u32(words as u32)
-                            .u32(v)
-                            .u32(!v)
-                            .u64(errors.ptr())
-                            .run()
+                        k.spin_fill(&cfg, at, words as u32, v, 0).unwrap();
+                        k.check_fill(&cfg, at, words as u32, v, !v, errors.as_ptr())
                             .unwrap();
                     }
                     live.push(buf);
@@ -244,34 +235,39 @@ fn threads_with_own_streams_fill_and_check() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn event_log_replays() {
+    use cuheap::host::trace::Action;
+    use cuheap::host::{Logged, Resource};
     let _turn = turn();
     let gpu = gpu();
     let path = std::env::temp_dir().join(format!("cuheap-trace-{}.csv", std::process::id()));
-    let cfg = PoolConfig {
-        log: Some(path.clone()),
-        ..PoolConfig::new(1 << 30)
-    };
-    let pool = Arc::new(Pool::new(gpu.context(), cfg).unwrap());
+    let pool = Pool::new(gpu.context(), PoolConfig::new(1 << 30)).unwrap();
+    let logged = Logged::to_file(pool, &path).unwrap();
     let (sa, sb) = (stream(&gpu), stream(&gpu));
     let mut live = Vec::new();
     for i in 0..1000usize {
         let s = if i % 3 == 0 { &sb } else { &sa };
         live.push((
-            pool.alloc(256 + (i * 4099) % (1 << 20), s).unwrap(),
+            logged.allocate(256 + (i * 4099) % (1 << 20), s).unwrap(),
             s.clone(),
         ));
         if i % 2 == 1 {
             let (p, s) = live.swap_remove(i % live.len());
-            pool.free(p, &s).unwrap();
+            logged.deallocate(p, &s).unwrap();
         }
     }
     for (p, s) in live {
-        pool.free(p, &s).unwrap();
+        logged.deallocate(p, &s).unwrap();
     }
-    drop(pool); // flushes the log
-    let events = cuheap::host::parse_trace(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    drop(logged); // flushes the log
+    let events = cuheap::host::read_trace(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(events.len(), 2000);
-    assert_eq!(events.iter().filter(|e| e.alloc).count(), 1000);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.action == Action::Allocate)
+            .count(),
+        1000
+    );
     let rows = cuheap::bench::replay::run(&gpu, &events).unwrap();
     assert!(
         rows.iter().all(|r| r.allocs == 1000 && r.frees == 1000),

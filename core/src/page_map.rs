@@ -77,7 +77,7 @@ impl<'a> PageMap<'a> {
 
     fn claim_run_from(&self, from: u32, len: u32, limit: u32) -> Option<u32> {
         let mut start = from;
-        'search: while start + len <= limit {
+        while start + len <= limit {
             // Find a candidate from a snapshot.
             let mut run = 0u32;
             let mut i = start;
@@ -101,28 +101,36 @@ impl<'a> PageMap<'a> {
                 }
                 i += 1;
             }
-            // Claim it word by word; on conflict give back what was taken.
-            let mut p = start;
-            while p < start + len {
-                let from = p % 32;
-                let n = (32 - from).min(start + len - p);
-                let m = run_mask(from, n);
-                let old = self.words[(p / 32) as usize].fetch_or(m, Ordering::AcqRel);
-                if old & m != 0 {
-                    // Keep the bits that were ours in this word, drop the rest.
-                    let mine = m & !old;
-                    self.words[(p / 32) as usize].fetch_and(!mine, Ordering::Release);
-                    if p > start {
-                        self.release_run(start, p - start);
-                    }
-                    start = p + (old & m).trailing_zeros() - from + 1;
-                    continue 'search;
-                }
-                p += n;
+            match self.try_claim(start, len) {
+                Ok(()) => return Some(start),
+                Err(used) => start = used + 1,
             }
-            return Some(start);
         }
         None
+    }
+
+    /// Claims pages `start..start + len`, all or none: word by word, and on
+    /// a conflict gives back what it took. `Err` carries the first page of
+    /// the range found in use.
+    pub fn try_claim(&self, start: u32, len: u32) -> Result<(), u32> {
+        let mut p = start;
+        while p < start + len {
+            let from = p % 32;
+            let n = (32 - from).min(start + len - p);
+            let m = run_mask(from, n);
+            let old = self.words[(p / 32) as usize].fetch_or(m, Ordering::AcqRel);
+            if old & m != 0 {
+                // Keep the bits that were ours in this word, drop the rest.
+                let mine = m & !old;
+                self.words[(p / 32) as usize].fetch_and(!mine, Ordering::Release);
+                if p > start {
+                    self.release_run(start, p - start);
+                }
+                return Err(p + (old & m).trailing_zeros() - from);
+            }
+            p += n;
+        }
+        Ok(())
     }
 
     /// Marks pages `start..start + len` free.
@@ -161,5 +169,19 @@ mod tests {
         assert_eq!(m.claim_run(35, 100, 0), Some(10));
         assert_eq!(m.claim_run(0, 100, 0), None);
         assert_eq!(m.claim_run(101, 100, 0), None);
+    }
+
+    #[test]
+    fn try_claim_is_all_or_nothing() {
+        let w: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
+        let m = PageMap::new(&w);
+        assert_eq!(m.try_claim(70, 3), Ok(()));
+        // Overlaps page 70 from three words away: nothing of it stays taken.
+        assert_eq!(m.try_claim(5, 80), Err(70));
+        assert!((5..70).chain(73..85).all(|p| !m.is_set(p)));
+        assert_eq!(m.try_claim(0, 70), Ok(()));
+        assert!((0..73).all(|p| m.is_set(p)));
+        m.release_run(0, 73);
+        assert!(w.iter().all(|x| x.load(Ordering::Relaxed) == 0));
     }
 }

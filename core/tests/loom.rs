@@ -122,3 +122,51 @@ fn page_map_claims_are_exclusive() {
         assert!(r[0].is_some() && r[1].is_some() && r[0] != r[1]);
     });
 }
+
+/// A heap shrinking while an allocation runs: page 0 is in use, page 1
+/// free; the allocator reads the page limit (2), then claims a page
+/// below what it read; the shrinking owner takes page 1 away and unmaps
+/// it if it found it free. With `fence`, the owner claims page 1 in the
+/// page map itself (the protocol of `Heap::fence`); without, it lowers
+/// the limit and then checks the page map (the protocol it replaced).
+/// Returns whether any interleaving handed page 1 to the allocator after
+/// the owner decided to unmap it.
+fn shrink_can_unmap_a_claimed_page(fence: bool) -> bool {
+    use cuheap_core::sync::Ordering;
+    let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = lost.clone();
+    loom::model(move || {
+        let words = Arc::new(vec![AtomicU32::new(0b01)]);
+        let limit = Arc::new(AtomicU32::new(2));
+        let alloc = {
+            let (words, limit) = (words.clone(), limit.clone());
+            thread::spawn(move || {
+                let l = limit.load(Ordering::Acquire);
+                PageMap::new(&words).claim_one(0, l)
+            })
+        };
+        let map = PageMap::new(&words);
+        let unmapped = if fence {
+            map.try_claim(1, 1).is_ok()
+        } else {
+            limit.store(1, Ordering::Release);
+            !map.is_set(1)
+        };
+        let got = alloc.join().unwrap();
+        if unmapped && got == Some(1) {
+            seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    lost.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The trim race: lowering the limit and then checking loses to an
+/// allocation that read the old limit; fencing the pages never does.
+#[test]
+fn fencing_closes_the_shrink_race() {
+    assert!(
+        shrink_can_unmap_a_claimed_page(false),
+        "loom found no interleaving that loses the old protocol"
+    );
+    assert!(!shrink_can_unmap_a_claimed_page(true));
+}

@@ -4,13 +4,17 @@
 //!   its module loaded), JIT options, linking;
 //! - [`memory`]: [`DeviceMemory`] and its copies;
 //! - [`launch`]: [`LaunchConfig`], typed [`Kernel`]s, [`kernel_table!`](crate::kernel_table);
+//! - [`backend`]: [`CudaBackend`], the host pool's device operations
+//!   (virtual memory, events, copies);
 //! - here: [`Gpu`], one context with a stream and a module.
 
+pub mod backend;
 pub mod launch;
 pub mod memory;
 pub mod module;
 
-pub use launch::{DevicePtr, Kernel, KernelArgs, Launch, LaunchConfig, Param};
+pub use backend::{CudaBackend, CudaMemory};
+pub use launch::{DevicePtr, Kernel, KernelArgs, LaunchConfig, Param};
 pub use memory::DeviceMemory;
 pub use module::{Function, Module};
 
@@ -166,12 +170,6 @@ impl Gpu {
     /// Registers per thread the driver compiled `kernel` with.
     pub fn registers(&self, kernel: &str) -> Result<u32> {
         self.function(kernel)?.registers()
-    }
-
-    /// Starts an untyped launch of `kernel` over `threads` threads (256
-    /// per block); new code uses [`Gpu::kernel`] or a [`kernel_table!`](crate::kernel_table).
-    pub fn launch(&self, kernel: &str, threads: u32) -> Result<Launch<'_>> {
-        Ok(Launch::new(self, self.function(kernel)?, threads))
     }
 
     /// Waits for all work on the stream and reports any kernel fault.

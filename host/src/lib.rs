@@ -11,28 +11,37 @@
 //!    gets [`Error::NoDriver`], never a panic.
 //! 3. [`device_heap`]: [`DeviceHeap`], the memory behind the in-kernel
 //!    heap, its handle for kernels and its statistics.
-//! 4. [`vmm`], [`reclaim`], [`stream_pool`]: the host pool ([`Pool`]):
+//! 4. [`backend`]: what the pool needs from a device, as a trait, on the
+//!    CUDA driver ([`driver::CudaBackend`]) or in host memory for tests
+//!    ([`backend::HostBackend`]).
+//! 5. [`vmm`], [`reclaim`], [`stream_pool`]: the host pool ([`Pool`]):
 //!    a reserved address range mapped as it grows, pooled events, and
 //!    stream-ordered allocation with per-stream caches.
+//! 6. [`trace`]: a logging adaptor over any resource and a reader of
+//!    traces in RAPIDS RMM's CSV format.
 //!
 //! `cudarc` (its streams and events are in this API) and `bytemuck` (the
 //! bound on copies and kernel arguments) are re-exported, so a program
 //! needs neither as a dependency of its own.
 
+pub mod backend;
 pub mod device_heap;
 pub mod driver;
 pub mod error;
 pub mod reclaim;
 pub mod stream_pool;
+pub mod trace;
 pub mod vmm;
 
+pub use backend::{Backend, HostBackend, HostStream};
 pub use bytemuck;
 pub use cudarc;
 pub use cuheap_core::{HeapHandle, Stats};
 pub use device_heap::{DeviceHeap, HeapArg};
 pub use driver::{
-    DeviceInfo, DeviceMemory, DevicePtr, Function, Gpu, Kernel, KernelArgs, Launch, LaunchConfig,
-    LoadOptions, Module, Param,
+    CudaBackend, DeviceInfo, DeviceMemory, DevicePtr, Function, Gpu, Kernel, KernelArgs,
+    LaunchConfig, LoadOptions, Module, Param,
 };
 pub use error::{Error, Result};
-pub use stream_pool::{parse_trace, DeviceBuffer, Pool, PoolConfig, PoolStats, TraceEvent};
+pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};
+pub use trace::{read_trace, Logged, Resource, TraceEvent};

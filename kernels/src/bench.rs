@@ -16,8 +16,8 @@ use crate::device_heap::{dev_alloc, dev_free};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[path = "../../src/bench/workload.rs"]
 mod workload;
-pub use workload::thread_size;
 use cuheap_core::HeapHandle;
+pub use workload::thread_size;
 
 extern "C" {
     /// CUDA's device heap (linked by the driver).

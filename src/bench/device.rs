@@ -6,9 +6,9 @@
 //! events around one launch: the median of `reps` runs after a warm-up.
 
 use super::median;
+use super::workload::thread_size;
 use crate::kernels::Bench;
 use crate::{DeviceHeap, Gpu, LaunchConfig, Result};
-use super::workload::thread_size;
 use cuheap_host::DeviceMemory;
 use serde::Serialize;
 

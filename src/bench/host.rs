@@ -7,7 +7,8 @@
 //! count only completed pairs and report failed calls in `failures`.
 
 use crate::host::{Pool, PoolConfig};
-use crate::{Error, Gpu, Result};
+use crate::kernels::Bench;
+use crate::{DevicePtr, Error, Gpu, LaunchConfig, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -290,20 +291,22 @@ fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> 
         })?,
     );
     let words = (1u32 << 20) / 4;
+    let k = Bench::new(gpu)?;
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
     for i in 0..iters + 8 {
         let t = Instant::now();
         let p = a.alloc(1 << 20, &sa)?;
         let dt_a = us(t);
-        // SAFETY: spin_fill(x, n, value, spin_ns) over the 1 MiB block.
+        // SAFETY: the block holds `words` u32s and is freed on the same
+        // stream after the kernel.
         unsafe {
-            gpu.launch("spin_fill", 64 * 1024)?
-                .on(&sa)
-                .u64(p)
-                .u32(words)
-                .u32(i as u32)
-                .u64(0)
-                .run()?
+            k.spin_fill(
+                &LaunchConfig::for_threads(64 * 1024).on(&sa),
+                DevicePtr::from_raw(p),
+                words,
+                i as u32,
+                0,
+            )?
         };
         let t = Instant::now();
         a.free(p, &sa)?;
@@ -313,13 +316,13 @@ fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> 
         let dt_b = us(t);
         // SAFETY: as above, on B.
         unsafe {
-            gpu.launch("spin_fill", 64 * 1024)?
-                .on(&sb)
-                .u64(q)
-                .u32(words)
-                .u32(!(i as u32))
-                .u64(0)
-                .run()?
+            k.spin_fill(
+                &LaunchConfig::for_threads(64 * 1024).on(&sb),
+                DevicePtr::from_raw(q),
+                words,
+                !(i as u32),
+                0,
+            )?
         };
         a.free(q, &sb)?;
         if i >= 8 {

@@ -1,8 +1,11 @@
-//! `cuheap replay TRACE`: replays an alloc/free trace written by a pool
-//! with `PoolConfig::log` against the cuheap pool and `cudaMallocAsync`,
-//! in order, one stream per stream of the trace.
+//! `cuheap replay TRACE`: replays an alloc/free trace in RAPIDS RMM's CSV
+//! format (written by [`crate::host::Logged`] or by RMM's logging
+//! adaptor) against the cuheap pool and `cudaMallocAsync`, in order, one
+//! stream per stream of the trace. Rows of failed allocations are skipped;
+//! any error of the allocator under test fails the replay.
 
 use super::host::{pct, us, warm_async_pool, Alloc, Async};
+use crate::host::trace::Action;
 use crate::host::{Pool, PoolConfig, TraceEvent};
 use crate::{Error, Gpu, Result};
 use cudarc::driver::CudaStream;
@@ -40,15 +43,24 @@ fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayR
                 s
             }
         };
-        if e.alloc {
-            let t = Instant::now();
-            let p = a.alloc(e.size.max(1), &s)?;
-            ta.push(us(t));
-            live.insert(e.ptr, (p, e.stream));
-        } else if let Some((p, _)) = live.remove(&e.ptr) {
-            let t = Instant::now();
-            a.free(p, &s)?;
-            tf.push(us(t));
+        match e.action {
+            Action::Allocate => {
+                let t = Instant::now();
+                let p = a.alloc(e.size.max(1), &s)?;
+                ta.push(us(t));
+                if let Some((old, sid)) = live.insert(e.ptr, (p, e.stream)) {
+                    // The trace reused a pointer it never freed: free ours.
+                    a.free(old, streams.get(&sid).unwrap_or(&s))?;
+                }
+            }
+            Action::Free => {
+                if let Some((p, _)) = live.remove(&e.ptr) {
+                    let t = Instant::now();
+                    a.free(p, &s)?;
+                    tf.push(us(t));
+                }
+            }
+            Action::AllocateFailure => {}
         }
     }
     let total_ms = start.elapsed().as_secs_f64() * 1e3;

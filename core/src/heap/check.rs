@@ -18,7 +18,8 @@ impl<W: Word> Heap<'_, W> {
             let d = &self.descs[p as usize];
             match d.kind() {
                 Kind::Free => {
-                    if map.is_set(p) {
+                    // Pages past the limit may be fenced (see `Heap::fence`).
+                    if map.is_set(p) && p < self.limit() {
                         return Err("free page marked used in the page map");
                     }
                     if d.now()

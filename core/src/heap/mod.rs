@@ -158,11 +158,40 @@ impl<'a, W: Word> Heap<'a, W> {
     }
 
     /// Sets the usable pages to `0..pages` (clamped to the heap). Lowering
-    /// it stops new claims above the limit; pages in use there stay valid.
+    /// it stops claims above the limit by allocations that read the new
+    /// value; one that read the old value may still claim a page there, so
+    /// an owner that unmaps memory [`fence`](Heap::fence)s it first. Pages
+    /// in use above the limit stay valid.
     pub fn set_limit(&self, pages: u32) {
         self.counters
             .page_limit
             .store(pages.min(self.page_count).max(1) as u64, Ordering::Release);
+    }
+
+    /// Takes pages `from..to` out of service, all or none: claims them in
+    /// the page map unless any is in use (then it changes nothing and
+    /// returns false). Fenced pages are never handed out, whatever limit a
+    /// concurrent allocation read, so their memory can be unmapped; a
+    /// shrinking owner fences, unmaps, then lowers the limit.
+    ///
+    /// # Time complexity
+    ///
+    /// O((to - from) / 32) atomics.
+    pub fn fence(&self, from: u32, to: u32) -> bool {
+        let to = to.min(self.page_count);
+        from >= to
+            || PageMap::new(self.page_map)
+                .try_claim(from, to - from)
+                .is_ok()
+    }
+
+    /// Returns fenced pages `from..to` to service (a growing owner maps
+    /// their memory first, then unfences, then raises the limit).
+    pub fn unfence(&self, from: u32, to: u32) {
+        let to = to.min(self.page_count);
+        if from < to {
+            PageMap::new(self.page_map).release_run(from, to - from);
+        }
     }
 
     /// Whether any page in `from..to` is in use (a snapshot).

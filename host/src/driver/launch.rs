@@ -7,7 +7,6 @@
 //! for what the kernel does until it ends.
 
 use super::module::Function;
-use super::Gpu;
 use crate::error::{Context, Error, Result};
 use bytemuck::NoUninit;
 use cudarc::driver::{result, CudaStream};
@@ -368,73 +367,4 @@ macro_rules! kernel_table {
             )*
         }
     };
-}
-
-/// One parameter of an untyped [`Launch`].
-#[derive(Clone, Copy, Debug)]
-enum Arg {
-    U32(u32),
-    U64(u64),
-}
-
-/// A launch whose scalar arguments are pushed one by one and not checked
-/// against the kernel, 256 threads per block: for code not yet on
-/// [`Kernel`]. From [`Gpu::launch`].
-pub struct Launch<'a> {
-    gpu: &'a Gpu,
-    func: Function,
-    threads: u32,
-    args: Vec<Arg>,
-    stream: Option<&'a CudaStream>,
-}
-
-impl<'a> Launch<'a> {
-    pub(crate) fn new(gpu: &'a Gpu, func: Function, threads: u32) -> Self {
-        Launch {
-            gpu,
-            func,
-            threads,
-            args: Vec::new(),
-            stream: None,
-        }
-    }
-
-    pub fn u32(mut self, v: u32) -> Self {
-        self.args.push(Arg::U32(v));
-        self
-    }
-
-    /// A 64-bit value or a device pointer.
-    pub fn u64(mut self, v: u64) -> Self {
-        self.args.push(Arg::U64(v));
-        self
-    }
-
-    /// Launches on `stream` instead of the GPU's stream.
-    pub fn on(mut self, stream: &'a CudaStream) -> Self {
-        self.stream = Some(stream);
-        self
-    }
-
-    /// Enqueues the kernel.
-    ///
-    /// # Safety
-    ///
-    /// The arguments match the kernel's parameters in number and type, and
-    /// the launch has the contract of [`Kernel::launch`].
-    pub unsafe fn run(mut self) -> Result<()> {
-        let mut params: Vec<*mut c_void> = self
-            .args
-            .iter_mut()
-            .map(|a| match a {
-                Arg::U32(v) => v as *mut u32 as *mut c_void,
-                Arg::U64(v) => v as *mut u64 as *mut c_void,
-            })
-            .collect();
-        let cfg = LaunchConfig::for_threads(self.threads);
-        let stream = self.stream.unwrap_or(self.gpu.stream());
-        // SAFETY: forwarded from the caller; `params` points into
-        // `self.args`, alive for the call.
-        unsafe { launch_raw(&self.func, &cfg, stream, &mut params) }
-    }
 }

@@ -1,0 +1,117 @@
+//! What the pool needs from a device, as one small trait: address space,
+//! physical memory mapped into it, and stream ordering with events.
+//!
+//! [`crate::driver::CudaBackend`] implements it on the CUDA driver (the
+//! only code that touches the raw bindings); [`HostBackend`] implements
+//! it in host memory, with unmapped ranges poisoned, so the pool's logic
+//! (caches, cross-stream hand-off, growth, trim, out of memory,
+//! statistics) is tested on machines without a GPU.
+
+use crate::error::Result;
+
+pub mod host_memory;
+
+pub use host_memory::{HostBackend, HostStream};
+
+/// The device operations behind a [`Pool`](crate::Pool).
+///
+/// Requirements on implementations:
+/// - addresses are `u64` device addresses; the pool never dereferences
+///   them on the host;
+/// - [`Backend::map`] makes `bytes` at `at` usable by work enqueued after
+///   it returns, and [`Backend::unmap`] makes them unusable;
+/// - an event recorded on a stream completes when the work enqueued on
+///   that stream before the record completes; a stream that waits on it
+///   runs nothing enqueued after the wait before that.
+pub trait Backend: Send + Sync + 'static {
+    /// A stream handle; a clone keeps the stream alive.
+    type Stream: Clone + Send + Sync + 'static;
+    /// A reusable event (recording again does not disturb earlier waits).
+    type Event: Send + Sync + 'static;
+    /// Physical memory behind one mapped chunk; released on drop.
+    type Memory: Send + Sync + 'static;
+
+    /// A number that identifies `stream` while it lives.
+    fn stream_id(stream: &Self::Stream) -> usize;
+
+    /// The mapping granularity: chunk sizes and reservations are
+    /// multiples of it.
+    fn granularity(&self) -> Result<usize>;
+
+    /// Reserves `bytes` of address space aligned to `align`; maps nothing.
+    fn reserve(&self, bytes: usize, align: usize) -> Result<u64>;
+
+    /// Returns a reservation.
+    ///
+    /// # Safety
+    ///
+    /// `base..base + bytes` came from [`Backend::reserve`] and nothing is
+    /// mapped in it any more.
+    unsafe fn unreserve(&self, base: u64, bytes: usize);
+
+    /// Creates `bytes` of physical memory. Out of device memory is
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory).
+    fn create(&self, bytes: usize) -> Result<Self::Memory>;
+
+    /// Maps `memory` (exactly `bytes` long) at `at`.
+    ///
+    /// # Safety
+    ///
+    /// `at..at + bytes` lies inside one reservation and is not mapped.
+    unsafe fn map(&self, at: u64, bytes: usize, memory: &Self::Memory) -> Result<()>;
+
+    /// Grants read and write access to a mapped range.
+    ///
+    /// # Safety
+    ///
+    /// `at..at + bytes` is mapped.
+    unsafe fn set_access(&self, at: u64, bytes: usize) -> Result<()>;
+
+    /// Unmaps a range (its memory is released when dropped).
+    ///
+    /// # Safety
+    ///
+    /// `at..at + bytes` was mapped by one [`Backend::map`] call and no work,
+    /// queued or running, uses it.
+    unsafe fn unmap(&self, at: u64, bytes: usize) -> Result<()>;
+
+    /// Copies `src` to device address `dst` after the work enqueued on
+    /// `stream` so far; `src` may be reused when this returns.
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + src.len()` is mapped memory that nothing else writes or
+    /// reads concurrently, in stream order.
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8], stream: &Self::Stream) -> Result<()>;
+
+    /// Copies device address `src` to `dst` once the work enqueued on
+    /// `stream` so far is done; returns when the bytes are in `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `src..src + dst.len()` is mapped memory that nothing writes
+    /// concurrently, in stream order.
+    unsafe fn copy_from_device(
+        &self,
+        dst: &mut [u8],
+        src: u64,
+        stream: &Self::Stream,
+    ) -> Result<()>;
+
+    /// Bytes of device memory free now (for error messages).
+    fn free_memory(&self) -> usize;
+
+    fn new_event(&self) -> Result<Self::Event>;
+
+    /// Records the work enqueued on `stream` so far into `event`.
+    fn record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+
+    /// Makes `stream` wait, on the device, for the work `event` recorded.
+    fn wait(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
+
+    /// Blocks the host until the work `event` recorded is done.
+    fn synchronize(&self, event: &Self::Event) -> Result<()>;
+
+    /// Blocks the host until all work on the device is done.
+    fn synchronize_device(&self) -> Result<()>;
+}

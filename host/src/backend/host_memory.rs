@@ -1,0 +1,375 @@
+//! [`HostBackend`]: the pool's [`Backend`] in host memory, for tests.
+//!
+//! Addresses are numbers in a private range, never dereferenced: tests
+//! reach the memory through [`HostBackend::write`] and
+//! [`HostBackend::read`], which fail on any byte that is not mapped with
+//! access granted. New memory and unmapped memory are filled with
+//! [`POISON`], so a block whose memory was unmapped under its owner (or
+//! remapped fresh) reads back wrong. Streams count the work enqueued on
+//! them and remember every event they waited for, so tests can check
+//! stream ordering. Physical memory can be limited to test out-of-memory
+//! paths. A call that breaks a `# Safety` contract of [`Backend`] (a map
+//! over a mapping, an unmap of what is not mapped) panics: finding such
+//! bugs is what this backend is for.
+
+use super::Backend;
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The byte new and unmapped memory is filled with.
+pub const POISON: u8 = 0xDB;
+
+/// First address handed out by [`Backend::reserve`].
+const BASE: u64 = 0x7e00_0000_0000;
+
+/// Device operations counted by a [`HostBackend`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCounts {
+    pub maps: u64,
+    pub unmaps: u64,
+    pub records: u64,
+    pub waits: u64,
+    pub event_syncs: u64,
+    pub device_syncs: u64,
+}
+
+/// Host memory standing in for a device.
+pub struct HostBackend {
+    granularity: usize,
+    /// Physical memory `create` may hand out in all.
+    capacity: usize,
+    state: Mutex<State>,
+    /// Physical bytes alive (shared with [`HostMemory`] for its drop).
+    physical: Arc<AtomicUsize>,
+    counts: Mutex<HostCounts>,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    reservations: BTreeMap<u64, usize>,
+    /// Mapped ranges by start: length, memory, access granted.
+    mapped: BTreeMap<u64, Mapping>,
+}
+
+struct Mapping {
+    bytes: usize,
+    memory: Arc<Mutex<Vec<u8>>>,
+    access: bool,
+}
+
+/// Physical memory of a [`HostBackend`].
+pub struct HostMemory {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    len: usize,
+    physical: Arc<AtomicUsize>,
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        self.physical.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
+/// A stream of a [`HostBackend`]: counts the work enqueued on it and
+/// keeps the events it waited for.
+#[derive(Clone)]
+pub struct HostStream(Arc<StreamState>);
+
+struct StreamState {
+    id: usize,
+    work: AtomicU64,
+    waits: Mutex<Vec<Recorded>>,
+}
+
+/// What an event recorded: `work` items of stream `stream`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub stream: usize,
+    pub work: u64,
+}
+
+/// An event of a [`HostBackend`].
+pub struct HostEvent(Mutex<Option<Recorded>>);
+
+static STREAM_IDS: AtomicUsize = AtomicUsize::new(1);
+
+impl HostStream {
+    /// A new stream with no work.
+    pub fn new() -> HostStream {
+        HostStream(Arc::new(StreamState {
+            id: STREAM_IDS.fetch_add(1, Ordering::Relaxed),
+            work: AtomicU64::new(0),
+            waits: Mutex::new(Vec::new()),
+        }))
+    }
+
+    pub fn id(&self) -> usize {
+        self.0.id
+    }
+
+    /// Enqueues one item of work (a kernel, say); returns how many items
+    /// the stream has had, this one included.
+    pub fn enqueue(&self) -> u64 {
+        self.0.work.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Items of work enqueued so far.
+    pub fn work(&self) -> u64 {
+        self.0.work.load(Ordering::Acquire)
+    }
+
+    /// Every event this stream waited for, in order.
+    pub fn waits(&self) -> Vec<Recorded> {
+        lock(&self.0.waits).clone()
+    }
+}
+
+impl Default for HostStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl HostBackend {
+    /// A backend with `granularity`-byte mapping units and `capacity`
+    /// bytes of physical memory.
+    pub fn new(granularity: usize, capacity: usize) -> HostBackend {
+        HostBackend {
+            granularity: granularity.max(1),
+            capacity,
+            state: Mutex::new(State {
+                next: BASE,
+                ..State::default()
+            }),
+            physical: Arc::new(AtomicUsize::new(0)),
+            counts: Mutex::new(HostCounts::default()),
+        }
+    }
+
+    pub fn counts(&self) -> HostCounts {
+        *lock(&self.counts)
+    }
+
+    /// Physical bytes created and not yet released.
+    pub fn physical(&self) -> usize {
+        self.physical.load(Ordering::Relaxed)
+    }
+
+    /// Bytes mapped now.
+    pub fn mapped(&self) -> usize {
+        lock(&self.state).mapped.values().map(|m| m.bytes).sum()
+    }
+
+    /// Copies `data` to device address `at`; fails if any byte of the
+    /// range is not mapped with access.
+    pub fn write(&self, at: u64, data: &[u8]) -> Result<()> {
+        self.each_piece(at, data.len(), |mem, off, range| {
+            mem[off..off + range.len()].copy_from_slice(&data[range]);
+        })
+    }
+
+    /// Copies from device address `at` into `out`; fails like
+    /// [`HostBackend::write`].
+    pub fn read(&self, at: u64, out: &mut [u8]) -> Result<()> {
+        let len = out.len();
+        self.each_piece(at, len, |mem, off, range| {
+            let n = range.len();
+            out[range].copy_from_slice(&mem[off..off + n]);
+        })
+    }
+
+    /// Calls `f(memory, offset in it, range of the caller's buffer)` for
+    /// each mapping `at..at + len` crosses; nothing if any byte is not
+    /// accessible.
+    fn each_piece(
+        &self,
+        at: u64,
+        len: usize,
+        mut f: impl FnMut(&mut [u8], usize, std::ops::Range<usize>),
+    ) -> Result<()> {
+        let fault =
+            |a: u64| Error::InvalidArgument(format!("access to unmapped device address {a:#x}"));
+        let state = lock(&self.state);
+        let mut pieces = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let a = at + done as u64;
+            let (start, m) = state
+                .mapped
+                .range(..=a)
+                .next_back()
+                .ok_or_else(|| fault(a))?;
+            let off = (a - start) as usize;
+            if off >= m.bytes || !m.access {
+                return Err(fault(a));
+            }
+            let n = (m.bytes - off).min(len - done);
+            pieces.push((m.memory.clone(), off, done..done + n));
+            done += n;
+        }
+        drop(state);
+        for (mem, off, range) in pieces {
+            f(&mut lock(&mem), off, range);
+        }
+        Ok(())
+    }
+
+    fn count(&self, f: impl FnOnce(&mut HostCounts)) {
+        f(&mut lock(&self.counts));
+    }
+}
+
+impl Backend for HostBackend {
+    type Stream = HostStream;
+    type Event = HostEvent;
+    type Memory = HostMemory;
+
+    fn stream_id(stream: &HostStream) -> usize {
+        stream.id()
+    }
+
+    fn granularity(&self) -> Result<usize> {
+        Ok(self.granularity)
+    }
+
+    fn reserve(&self, bytes: usize, align: usize) -> Result<u64> {
+        let mut s = lock(&self.state);
+        let align = align.max(1) as u64;
+        let base = s.next.div_ceil(align) * align;
+        s.next = base + bytes as u64 + self.granularity as u64; // a gap between reservations
+        s.reservations.insert(base, bytes);
+        Ok(base)
+    }
+
+    unsafe fn unreserve(&self, base: u64, bytes: usize) {
+        let mut s = lock(&self.state);
+        assert_eq!(
+            s.reservations.remove(&base),
+            Some(bytes),
+            "unreserve of a range that was not reserved"
+        );
+        assert!(
+            s.mapped.range(base..base + bytes as u64).next().is_none(),
+            "unreserve of a range with memory still mapped"
+        );
+    }
+
+    fn create(&self, bytes: usize) -> Result<HostMemory> {
+        let now = self.physical.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if now > self.capacity {
+            self.physical.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                reserved: now - bytes,
+                free: self.capacity.saturating_sub(now - bytes),
+            });
+        }
+        Ok(HostMemory {
+            bytes: Arc::new(Mutex::new(vec![POISON; bytes])),
+            len: bytes,
+            physical: self.physical.clone(),
+        })
+    }
+
+    unsafe fn map(&self, at: u64, bytes: usize, memory: &HostMemory) -> Result<()> {
+        let mut s = lock(&self.state);
+        let inside = s
+            .reservations
+            .range(..=at)
+            .next_back()
+            .is_some_and(|(b, n)| at + bytes as u64 <= b + *n as u64);
+        let overlaps = s.mapped.range(..at + bytes as u64).next_back().is_some_and(
+            |(b, m)| b + m.bytes as u64 > at, // a mapping ending after `at`
+        );
+        assert!(
+            inside && !overlaps && memory.len == bytes,
+            "map of {bytes} bytes at {at:#x}: outside a reservation, over a mapping or of the wrong size"
+        );
+        s.mapped.insert(
+            at,
+            Mapping {
+                bytes,
+                memory: memory.bytes.clone(),
+                access: false,
+            },
+        );
+        drop(s);
+        self.count(|c| c.maps += 1);
+        Ok(())
+    }
+
+    unsafe fn set_access(&self, at: u64, bytes: usize) -> Result<()> {
+        let mut s = lock(&self.state);
+        match s.mapped.get_mut(&at) {
+            Some(m) if m.bytes == bytes => {
+                m.access = true;
+                Ok(())
+            }
+            _ => panic!("set_access on {bytes} bytes at {at:#x}, which is not one mapping"),
+        }
+    }
+
+    unsafe fn unmap(&self, at: u64, bytes: usize) -> Result<()> {
+        let m = lock(&self.state).mapped.remove(&at);
+        match m {
+            Some(m) if m.bytes == bytes => {
+                lock(&m.memory).fill(POISON);
+                self.count(|c| c.unmaps += 1);
+                Ok(())
+            }
+            _ => panic!("unmap of {bytes} bytes at {at:#x}, which is not one mapping"),
+        }
+    }
+
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8], stream: &HostStream) -> Result<()> {
+        stream.enqueue();
+        self.write(dst, src)
+    }
+
+    unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64, stream: &HostStream) -> Result<()> {
+        stream.enqueue();
+        self.read(src, dst)
+    }
+
+    fn free_memory(&self) -> usize {
+        self.capacity.saturating_sub(self.physical())
+    }
+
+    fn new_event(&self) -> Result<HostEvent> {
+        Ok(HostEvent(Mutex::new(None)))
+    }
+
+    fn record(&self, event: &HostEvent, stream: &HostStream) -> Result<()> {
+        *lock(&event.0) = Some(Recorded {
+            stream: stream.id(),
+            work: stream.work(),
+        });
+        self.count(|c| c.records += 1);
+        Ok(())
+    }
+
+    fn wait(&self, stream: &HostStream, event: &HostEvent) -> Result<()> {
+        if let Some(r) = *lock(&event.0) {
+            lock(&stream.0.waits).push(r);
+        }
+        self.count(|c| c.waits += 1);
+        Ok(())
+    }
+
+    fn synchronize(&self, _event: &HostEvent) -> Result<()> {
+        self.count(|c| c.event_syncs += 1);
+        Ok(())
+    }
+
+    fn synchronize_device(&self) -> Result<()> {
+        self.count(|c| c.device_syncs += 1);
+        Ok(())
+    }
+}

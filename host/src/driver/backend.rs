@@ -1,0 +1,203 @@
+//! [`CudaBackend`]: the pool's [`Backend`] on the CUDA driver: virtual
+//! memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
+//! `cuMemSetAccess`, `cuMemUnmap`) and cudarc's streams and events.
+
+use crate::backend::Backend;
+use crate::error::{Context, Error, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
+use std::sync::Arc;
+
+/// The CUDA driver, on one context's device.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    device: i32,
+}
+
+/// Physical device memory from `cuMemCreate`, released on drop.
+pub struct CudaMemory {
+    handle: sys::CUmemGenericAllocationHandle,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        // Errors cannot leave drop; a failed release leaks the memory.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the handle came from cuMemCreate and is released once;
+            // a mapping still using it keeps the memory until it is unmapped.
+            let _ = unsafe { sys::cuMemRelease(self.handle) };
+        }
+    }
+}
+
+fn prop(device: i32) -> sys::CUmemAllocationProp {
+    // SAFETY: a C struct for which all-zero is a valid value.
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = device;
+    p
+}
+
+impl CudaBackend {
+    pub fn new(ctx: &Arc<CudaContext>) -> CudaBackend {
+        CudaBackend {
+            ctx: ctx.clone(),
+            device: ctx.ordinal() as i32,
+        }
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")
+    }
+}
+
+impl Backend for CudaBackend {
+    type Stream = Arc<CudaStream>;
+    type Event = CudaEvent;
+    type Memory = CudaMemory;
+
+    fn stream_id(stream: &Arc<CudaStream>) -> usize {
+        stream.cu_stream() as usize
+    }
+
+    fn granularity(&self) -> Result<usize> {
+        self.bind()?;
+        let mut gran = 0usize;
+        // SAFETY: out-parameter; `prop` describes device memory.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut gran,
+                &prop(self.device),
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        }
+        .result()
+        .during("cuMemGetAllocationGranularity")?;
+        Ok(gran)
+    }
+
+    fn reserve(&self, bytes: usize, align: usize) -> Result<u64> {
+        self.bind()?;
+        let mut base = 0u64;
+        // SAFETY: out-parameter; no fixed address requested.
+        unsafe { sys::cuMemAddressReserve(&mut base, bytes, align, 0, 0) }
+            .result()
+            .during("cuMemAddressReserve")?;
+        Ok(base)
+    }
+
+    unsafe fn unreserve(&self, base: u64, bytes: usize) {
+        if self.bind().is_ok() {
+            // SAFETY: the caller guarantees the range is a reservation with
+            // nothing mapped in it.
+            let _ = unsafe { sys::cuMemAddressFree(base, bytes) };
+        }
+    }
+
+    fn create(&self, bytes: usize) -> Result<CudaMemory> {
+        self.bind()?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: out-parameter; one chunk of device memory.
+        match unsafe { sys::cuMemCreate(&mut handle, bytes, &prop(self.device), 0) }.result() {
+            Ok(()) => Ok(CudaMemory {
+                handle,
+                ctx: self.ctx.clone(),
+            }),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let (free, total) = result::mem_get_info().unwrap_or((0, 0));
+                Err(Error::OutOfMemory {
+                    requested: bytes,
+                    reserved: total - free,
+                    free,
+                })
+            }
+            Err(source) => Err(Error::Driver {
+                what: "cuMemCreate",
+                source,
+            }),
+        }
+    }
+
+    unsafe fn map(&self, at: u64, bytes: usize, memory: &CudaMemory) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees `at..at + bytes` is reserved and
+        // unmapped; `memory` is exactly `bytes` long.
+        unsafe { sys::cuMemMap(at, bytes, 0, memory.handle, 0) }
+            .result()
+            .during("cuMemMap")
+    }
+
+    unsafe fn set_access(&self, at: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        let access = sys::CUmemAccessDesc {
+            location: prop(self.device).location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the caller guarantees the range is mapped.
+        unsafe { sys::cuMemSetAccess(at, bytes, &access, 1) }
+            .result()
+            .during("cuMemSetAccess")
+    }
+
+    unsafe fn unmap(&self, at: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees the range is one mapping that no
+        // work uses.
+        unsafe { sys::cuMemUnmap(at, bytes) }
+            .result()
+            .during("cuMemUnmap")
+    }
+
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8], stream: &Arc<CudaStream>) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees the device range; a copy from
+        // pageable memory is staged before this returns, so `src` may go.
+        unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) }
+            .during("cuMemcpyHtoDAsync")
+    }
+
+    unsafe fn copy_from_device(
+        &self,
+        dst: &mut [u8],
+        src: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees the device range; `dst` is borrowed
+        // until the stream is synchronised below.
+        unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }
+            .during("cuMemcpyDtoHAsync")?;
+        stream.synchronize().during("cuStreamSynchronize")
+    }
+
+    fn free_memory(&self) -> usize {
+        self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0)
+    }
+
+    fn new_event(&self) -> Result<CudaEvent> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .during("cuEventCreate")
+    }
+
+    fn record(&self, event: &CudaEvent, stream: &Arc<CudaStream>) -> Result<()> {
+        event.record(stream).during("cuEventRecord")
+    }
+
+    fn wait(&self, stream: &Arc<CudaStream>, event: &CudaEvent) -> Result<()> {
+        stream.wait(event).during("cuStreamWaitEvent")
+    }
+
+    fn synchronize(&self, event: &CudaEvent) -> Result<()> {
+        event.synchronize().during("cuEventSynchronize")
+    }
+
+    fn synchronize_device(&self) -> Result<()> {
+        self.ctx.synchronize().during("cuCtxSynchronize")
+    }
+}

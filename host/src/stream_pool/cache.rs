@@ -1,0 +1,247 @@
+//! Per-stream caches: the blocks freed on one stream, by size, and that
+//! stream's counters, found from a thread-local hint on repeated calls.
+
+use super::ALIGN;
+use crate::backend::Backend;
+use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
+use cuheap_core::BlockInfo;
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Where a block's size comes from: a class, or a span of pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Key {
+    Class(u32),
+    Span(u32),
+}
+
+impl Key {
+    /// The key serving `size` bytes, rounded to [`ALIGN`]; `None` when the
+    /// rounding overflows (no pool could serve it).
+    pub(super) fn of(size: usize) -> Option<Key> {
+        let size = size.checked_next_multiple_of(ALIGN)?;
+        Some(match class_of(size) {
+            Some(c) => Key::Class(c),
+            None => Key::Span(u32::try_from(size.div_ceil(PAGE_SIZE)).ok()?),
+        })
+    }
+
+    /// The key a block the heap found was served by.
+    pub(super) fn of_block(b: &BlockInfo) -> Key {
+        match b.class {
+            Some(c) => Key::Class(c),
+            None => Key::Span((b.size / PAGE_SIZE) as u32),
+        }
+    }
+
+    pub(super) fn bytes(self) -> usize {
+        match self {
+            Key::Class(c) => class_size(c) as usize,
+            Key::Span(p) => p as usize * PAGE_SIZE,
+        }
+    }
+}
+
+/// Per-stream call counters (`Cache::counts`).
+pub(super) const ALLOCS: usize = 0;
+pub(super) const FREES: usize = 1;
+pub(super) const SAME: usize = 2;
+pub(super) const CROSS: usize = 3;
+
+/// Blocks freed on one stream, by size, and that stream's counters (kept
+/// here, under the lock the call holds anyway, so that threads with their
+/// own streams share no counter).
+pub(super) struct Cache<E> {
+    classes: Vec<Vec<u64>>,
+    spans: HashMap<u32, Vec<u64>>,
+    /// Bytes of the blocks held. Invariant: the sum of `key.bytes()` over
+    /// every listed block.
+    pub(super) bytes: usize,
+    /// Blocks were freed since `event` was last recorded.
+    pub(super) dirty: bool,
+    pub(super) event: Option<E>,
+    /// Bytes allocated minus bytes freed through this stream.
+    pub(super) net: i64,
+    pub(super) counts: [u64; 4],
+}
+
+impl<E> Default for Cache<E> {
+    fn default() -> Self {
+        Cache {
+            classes: Vec::new(),
+            spans: HashMap::new(),
+            bytes: 0,
+            dirty: false,
+            event: None,
+            net: 0,
+            counts: [0; 4],
+        }
+    }
+}
+
+impl<E> Cache<E> {
+    fn list(&mut self, key: Key) -> &mut Vec<u64> {
+        match key {
+            Key::Class(c) => {
+                if self.classes.is_empty() {
+                    self.classes = (0..cuheap_core::CLASS_COUNT).map(|_| Vec::new()).collect();
+                }
+                &mut self.classes[c as usize]
+            }
+            Key::Span(p) => self.spans.entry(p).or_default(),
+        }
+    }
+
+    pub(super) fn push(&mut self, key: Key, ptr: u64) {
+        self.list(key).push(ptr);
+        self.bytes += key.bytes();
+    }
+
+    pub(super) fn pop(&mut self, key: Key) -> Option<u64> {
+        let p = self.list(key).pop()?;
+        self.bytes -= key.bytes();
+        Some(p)
+    }
+
+    /// Takes up to `n` blocks of `key`.
+    pub(super) fn take(&mut self, key: Key, n: usize) -> Vec<u64> {
+        let list = self.list(key);
+        let taken = list.split_off(list.len() - n.min(list.len()));
+        self.bytes -= taken.len() * key.bytes();
+        taken
+    }
+
+    pub(super) fn extend(&mut self, key: Key, blocks: Vec<u64>) {
+        self.bytes += blocks.len() * key.bytes();
+        self.list(key).extend(blocks);
+    }
+
+    /// Takes every block.
+    pub(super) fn drain(&mut self) -> Vec<u64> {
+        let mut all: Vec<u64> = self.classes.iter_mut().flat_map(std::mem::take).collect();
+        all.extend(self.spans.drain().flat_map(|(_, v)| v));
+        self.bytes = 0;
+        all
+    }
+}
+
+/// One stream's cache, shared by the threads that use the stream.
+pub(super) struct StreamCache<B: Backend> {
+    /// Held so the stream outlives the blocks cached for it: an event is
+    /// recorded on it whenever another stream takes them.
+    pub(super) stream: B::Stream,
+    pub(super) id: usize,
+    cache: Mutex<Cache<B::Event>>,
+    /// Set by `release_stream`: threads holding this cache must look again.
+    pub(super) released: AtomicBool,
+}
+
+impl<B: Backend> StreamCache<B> {
+    pub(super) fn new(stream: &B::Stream) -> StreamCache<B> {
+        StreamCache {
+            stream: stream.clone(),
+            id: B::stream_id(stream),
+            cache: Mutex::new(Cache::default()),
+            released: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Cache<B::Event>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The last (pool, stream) a thread used and its cache (a
+/// `StreamCache<B>` of that pool's backend).
+type Hint = Option<(u64, usize, Arc<dyn Any + Send + Sync>)>;
+
+thread_local! {
+    static LAST: std::cell::RefCell<Hint> = const { std::cell::RefCell::new(None) };
+}
+
+/// This thread's cache for `stream` of pool `pool`, if it used it last.
+pub(super) fn hinted<B: Backend>(pool: u64, stream: usize) -> Option<Arc<StreamCache<B>>> {
+    use std::sync::atomic::Ordering;
+    LAST.with(|l| match &*l.borrow() {
+        Some((p, s, c)) if *p == pool && *s == stream => c
+            .clone()
+            .downcast::<StreamCache<B>>()
+            .ok()
+            .filter(|c| !c.released.load(Ordering::Acquire)),
+        _ => None,
+    })
+}
+
+/// Remembers `cache` as this thread's last one (`None` forgets).
+pub(super) fn remember<B: Backend>(pool: u64, cache: Option<&Arc<StreamCache<B>>>) {
+    LAST.with(|l| {
+        *l.borrow_mut() = cache.map(|c| {
+            let any: Arc<dyn Any + Send + Sync> = c.clone();
+            (pool, c.id, any)
+        })
+    });
+}
+
+thread_local! {
+    /// This thread's slot in the backing heap: a hash of its id, computed once.
+    static SLOT: u32 = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::thread::current().id().hash(&mut h);
+        h.finish() as u32
+    };
+}
+
+pub(super) fn thread_slot() -> u32 {
+    SLOT.with(|s| *s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_to_256_and_cover_the_request() {
+        for size in [
+            1usize,
+            16,
+            255,
+            256,
+            257,
+            1000,
+            4096,
+            65_536,
+            65_537,
+            1 << 20,
+            (64 << 20) + 1,
+        ] {
+            let k = Key::of(size).unwrap();
+            assert!(k.bytes() >= size, "{size}");
+            assert_eq!(
+                k.bytes() % ALIGN,
+                0,
+                "{size} -> {k:?} is not a multiple of 256"
+            );
+        }
+        assert_eq!(Key::of(64 << 20), Some(Key::Span(1024)));
+        assert_eq!(Key::of(usize::MAX), None);
+    }
+
+    #[test]
+    fn cache_bytes_follow_its_blocks() {
+        let mut c = Cache::<()>::default();
+        let (a, b) = (Key::of(256).unwrap(), Key::of(1 << 20).unwrap());
+        c.push(a, 1);
+        c.push(a, 2);
+        c.push(b, 3);
+        assert_eq!(c.bytes, 2 * a.bytes() + b.bytes());
+        assert_eq!(c.take(a, 5), vec![1, 2]);
+        assert_eq!(c.pop(b), Some(3));
+        assert_eq!((c.bytes, c.pop(a)), (0, None));
+        c.extend(a, vec![4, 5]);
+        assert_eq!(c.drain().len(), 2);
+        assert_eq!(c.bytes, 0);
+    }
+}

@@ -1,0 +1,589 @@
+//! The host pool: stream-ordered device memory.
+//!
+//! - Blocks come from a `cuheap-core` heap whose metadata lives in host
+//!   memory and whose pages are device addresses in a [`Region`]: size
+//!   classes up to 64 KiB, spans of whole 64 KiB pages above (the page map
+//!   coalesces free neighbours), no list scans.
+//! - Each stream has a cache of blocks freed on it, by size ([`cache`]):
+//!   reuse on the same stream is immediate, because stream order already
+//!   puts the new user after the old one.
+//! - When the heap (as mapped now) has no room, another stream takes
+//!   cached blocks by recording a pooled event on the owner stream and
+//!   making itself wait on it: the device orders the two, the host never
+//!   waits. Only then does the pool map more memory.
+//! - When the heap is full the region maps more memory; when that fails,
+//!   the caches are returned to the heap (waiting for their streams'
+//!   events) before an out-of-memory error is returned.
+//! - Pages past the mapped memory are fenced in the heap's page map, so
+//!   no allocation can land there whatever limit it read; trim fences a
+//!   chunk (failing if any page of it is in use) before unmapping it.
+//!
+//! The pool runs on any [`Backend`]: the CUDA driver by default, host
+//! memory in tests.
+
+mod buffer;
+mod cache;
+mod live;
+mod stats;
+
+pub use buffer::DeviceBuffer;
+pub use stats::PoolStats;
+
+use crate::backend::Backend;
+use crate::driver::CudaBackend;
+use crate::error::{Error, Result};
+use crate::reclaim::EventPool;
+use crate::vmm::Region;
+use cache::{hinted, remember, thread_slot, Key, StreamCache, ALLOCS, CROSS, FREES, SAME};
+use cudarc::driver::CudaContext;
+use cuheap_core::size_class::PAGE_SIZE;
+use cuheap_core::{Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
+use live::LiveBits;
+use stats::{BAD, FLUSHES, GROWS};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Every block is at least this aligned (like `cudaMalloc`).
+pub const ALIGN: usize = 256;
+/// Slots of the backing heap (host threads hash onto them).
+const SLOTS: u32 = 64;
+/// Blocks taken from another stream's cache at once.
+const STEAL_BATCH: usize = 32;
+/// A stream folds its byte counter into the pool's every this many calls,
+/// which is when the peak is sampled.
+const FOLD_EVERY: u64 = 64;
+
+/// Pool settings.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Address space reserved up front; the pool never holds more.
+    pub reserve: usize,
+    /// Physical memory mapped at creation.
+    pub initial: usize,
+    /// Mapping unit (rounded to the device's granularity, usually 2 MiB).
+    pub chunk: usize,
+    /// Bytes [`Pool::synchronize`] leaves mapped (CUDA's release threshold).
+    pub release_threshold: usize,
+}
+
+impl PoolConfig {
+    /// A pool that may grow to `reserve` bytes.
+    pub fn new(reserve: usize) -> PoolConfig {
+        PoolConfig {
+            reserve,
+            initial: 64 << 20,
+            chunk: 32 << 20,
+            release_threshold: usize::MAX,
+        }
+    }
+}
+
+/// Host metadata of the backing heap (zeroed, 128-byte aligned).
+struct HostMeta {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: only reached through `Heap` views (atomics).
+unsafe impl Send for HostMeta {}
+// SAFETY: as above.
+unsafe impl Sync for HostMeta {}
+
+impl HostMeta {
+    fn zeroed(bytes: usize) -> Result<HostMeta> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), 128)
+            .map_err(|_| Error::InvalidArgument("pool metadata layout".into()))?;
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::InvalidArgument(
+                "no host memory for the pool's metadata".into(),
+            ));
+        }
+        Ok(HostMeta { ptr, layout })
+    }
+}
+
+impl Drop for HostMeta {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `HostMeta::zeroed`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// Stream-ordered device memory. Thread-safe; share it with `Arc`.
+pub struct Pool<B: Backend = CudaBackend> {
+    // Drop order: the region (device memory) after everything using it.
+    caches: RwLock<HashMap<usize, Arc<StreamCache<B>>>>,
+    live: LiveBits,
+    id: u64,
+    events: EventPool<B>,
+    handle: HeapHandle,
+    _meta: HostMeta,
+    region: Region<B>,
+    /// Held while the mapping changes (grow, trim).
+    grow_lock: Mutex<()>,
+    /// Counters of streams the pool no longer tracks (`release_stream`).
+    forgotten_counts: Mutex<[u64; 4]>,
+    release_threshold: usize,
+    /// Bytes in use as of the last fold of the streams' `net` counters.
+    folded: AtomicI64,
+    peak: AtomicUsize,
+    counts: [AtomicU64; 3],
+}
+
+static POOL_IDS: AtomicU64 = AtomicU64::new(1);
+
+impl Pool<CudaBackend> {
+    /// A pool on `ctx`'s device.
+    pub fn new(ctx: &Arc<CudaContext>, cfg: PoolConfig) -> Result<Pool> {
+        Pool::with_backend(CudaBackend::new(ctx), cfg)
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.backend().context()
+    }
+}
+
+impl<B: Backend> Pool<B> {
+    /// A pool on `backend`.
+    pub fn with_backend(backend: B, cfg: PoolConfig) -> Result<Pool<B>> {
+        if cfg.reserve < PAGE_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "pool reserve of {} bytes",
+                cfg.reserve
+            )));
+        }
+        let region = Region::with_backend(backend, cfg.reserve, cfg.chunk)?;
+        let pages = (region.reserved() / PAGE_SIZE).min(u32::MAX as usize / 2) as u32;
+        let layout = Layout::new(pages, SLOTS);
+        let meta = HostMeta::zeroed(layout.meta_bytes)?;
+        let handle = HeapHandle {
+            meta: meta.ptr as usize as u64,
+            data: region.base(),
+            page_count: pages,
+            slots: SLOTS,
+        };
+        let pool = Pool {
+            caches: RwLock::new(HashMap::new()),
+            live: LiveBits::new(pages as usize),
+            id: POOL_IDS.fetch_add(1, Ordering::Relaxed),
+            events: EventPool::default(),
+            handle,
+            _meta: meta,
+            region,
+            grow_lock: Mutex::new(()),
+            forgotten_counts: Mutex::new([0; 4]),
+            release_threshold: cfg.release_threshold,
+            folded: AtomicI64::new(0),
+            peak: AtomicUsize::new(0),
+            counts: Default::default(),
+        };
+        // Nothing is mapped yet: every page is fenced.
+        let heap = pool.heap();
+        if !heap.fence(0, pages) {
+            return Err(Error::InvalidArgument("pool metadata not empty".into()));
+        }
+        heap.set_limit(1);
+        pool.grow(cfg.initial.max(1))?;
+        Ok(pool)
+    }
+
+    pub fn backend(&self) -> &B {
+        self.region.backend()
+    }
+
+    /// Address space reserved (the most the pool can map).
+    pub fn reservation(&self) -> usize {
+        self.region.reserved()
+    }
+
+    fn heap(&self) -> Heap<'_, u64> {
+        // SAFETY: `handle.meta` is this pool's zeroed host metadata sized by
+        // `Layout`, `handle.data` the reserved region (64 KiB aligned: the
+        // reservation is chunk-aligned); both live as long as `self`. The
+        // heap only computes device addresses, it never touches them.
+        unsafe { Heap::from_handle(&self.handle) }
+    }
+
+    fn bump(&self, which: usize) {
+        self.counts[which].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn cache(&self, owner: &B::Stream) -> Arc<StreamCache<B>> {
+        let id = B::stream_id(owner);
+        if let Some(c) = hinted::<B>(self.id, id) {
+            return c;
+        }
+        let found = self
+            .caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned();
+        let c = match found {
+            Some(c) => c,
+            None => self
+                .caches
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(id)
+                .or_insert_with(|| Arc::new(StreamCache::new(owner)))
+                .clone(),
+        };
+        remember(self.id, Some(&c));
+        c
+    }
+
+    /// Folds a stream's byte counter into the pool's and samples the peak.
+    fn fold(&self, net: &mut i64) {
+        let now = self.folded.fetch_add(*net, Ordering::Relaxed) + *net;
+        *net = 0;
+        self.peak.fetch_max(now.max(0) as usize, Ordering::Relaxed);
+    }
+
+    /// Counts one call on a stream's cache and folds its bytes now and then.
+    fn account(&self, counts: &mut [u64; 4], net: &mut i64, which: usize, bytes: i64) {
+        counts[which] += 1;
+        *net += bytes;
+        if (counts[ALLOCS] + counts[FREES]).is_multiple_of(FOLD_EVERY) {
+            self.fold(net);
+        }
+    }
+
+    /// Allocates `size` bytes for use on `stream` (256-byte aligned). The
+    /// pool keeps `stream` alive while it caches blocks freed on it
+    /// ([`Pool::release_stream`] lets it go). Size 0 is an
+    /// [`Error::InvalidArgument`]; a size the pool cannot serve is
+    /// [`Error::PoolExhausted`].
+    pub fn alloc(&self, size: usize, stream: &B::Stream) -> Result<u64> {
+        if size == 0 {
+            return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
+        }
+        let key = match Key::of(size) {
+            Some(k) if k.bytes() <= self.region.reserved() => k,
+            _ => return Err(self.exhausted(size)),
+        };
+        let own = self.cache(stream);
+        // Own cache, then the heap as mapped now, then other streams'
+        // caches (a device-side wait), then more memory.
+        let cached = own.lock().pop(key);
+        let (ptr, how) = match cached {
+            Some(p) => (p, Some(SAME)),
+            None => match self.heap().alloc(key.bytes(), thread_slot()) {
+                Ok(p) => (p as usize as u64, None),
+                Err(_) => match self.steal(&own, key)? {
+                    Some(p) => (p, Some(CROSS)),
+                    None => (self.fresh(key)?, None),
+                },
+            },
+        };
+        match self.heap().block_at(ptr as usize) {
+            Ok(b) if self.live.set(&b) => {}
+            // A block the heap just handed out is always found and not live.
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "pool state broken at {ptr:#x}"
+                )))
+            }
+        }
+        let mut c = own.lock();
+        let c = &mut *c;
+        if let Some(how) = how {
+            c.counts[how] += 1;
+        }
+        self.account(&mut c.counts, &mut c.net, ALLOCS, key.bytes() as i64);
+        Ok(ptr)
+    }
+
+    /// Frees a block on `stream`: later work on `stream` may reuse it at
+    /// once; other streams only after the device finishes `stream`'s work
+    /// up to now. Pointers this pool did not hand out (or already freed)
+    /// are refused with an error and counted.
+    pub fn free(&self, ptr: u64, stream: &B::Stream) -> Result<()> {
+        let key = self.release_live(ptr)?;
+        let own = self.cache(stream);
+        let mut c = own.lock();
+        let c = &mut *c;
+        c.push(key, ptr);
+        c.dirty = true;
+        self.account(&mut c.counts, &mut c.net, FREES, -(key.bytes() as i64));
+        Ok(())
+    }
+
+    /// Bytes of the block at `ptr` (its class or span size, at least what
+    /// was asked for).
+    pub fn size_of(&self, ptr: u64) -> Result<usize> {
+        match self.heap().block_at(ptr as usize) {
+            Ok(b) => Ok(b.size),
+            Err(_) => Err(Error::InvalidArgument(format!(
+                "{ptr:#x} is not a block of this pool"
+            ))),
+        }
+    }
+
+    /// Clears a block's live bit; the key it was served by.
+    fn release_live(&self, ptr: u64) -> Result<Key> {
+        match self.heap().block_at(ptr as usize) {
+            Ok(b) if self.live.clear(&b) => Ok(Key::of_block(&b)),
+            _ => {
+                self.bump(BAD);
+                Err(Error::InvalidArgument(format!(
+                    "free of {ptr:#x}: not a live block of this pool"
+                )))
+            }
+        }
+    }
+
+    /// Takes blocks of `key` from another stream's cache: records (or
+    /// reuses) an event on that stream and makes ours wait for it.
+    fn steal(&self, own: &StreamCache<B>, key: Key) -> Result<Option<u64>> {
+        let others: Vec<Arc<StreamCache<B>>> = self
+            .caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|c| c.id != own.id)
+            .cloned()
+            .collect();
+        let backend = self.backend();
+        for other in others {
+            let mut c = other.lock();
+            let taken = c.take(key, STEAL_BATCH);
+            let Some((&first, rest)) = taken.split_first() else {
+                continue;
+            };
+            if c.dirty || c.event.is_none() {
+                let e = match c.event.take() {
+                    Some(e) => e,
+                    None => self.events.get(backend)?,
+                };
+                let recorded = backend.record(&e, &other.stream);
+                c.event = Some(e);
+                if let Err(err) = recorded {
+                    c.extend(key, taken);
+                    return Err(err);
+                }
+                c.dirty = false;
+            }
+            if let Some(e) = &c.event {
+                if let Err(err) = backend.wait(&own.stream, e) {
+                    c.extend(key, taken);
+                    return Err(err);
+                }
+            }
+            drop(c);
+            if !rest.is_empty() {
+                own.lock().extend(key, rest.to_vec());
+            }
+            return Ok(Some(first));
+        }
+        Ok(None)
+    }
+
+    /// A block from the heap: grow the mapping, then return the caches to
+    /// the heap, before giving up.
+    fn fresh(&self, key: Key) -> Result<u64> {
+        let (heap, size, slot) = (self.heap(), key.bytes(), thread_slot());
+        if let Ok(p) = heap.alloc(size, slot) {
+            return Ok(p as usize as u64);
+        }
+        if let Some(p) = self.grow_and_alloc(size, slot) {
+            return Ok(p);
+        }
+        // Under pressure: every cache back to the heap, then one more try
+        // (growing again: a trim may have taken memory meanwhile).
+        self.flush_all()?;
+        heap.scavenge();
+        match heap.alloc(size, slot) {
+            Ok(p) => Ok(p as usize as u64),
+            Err(_) => self
+                .grow_and_alloc(size, slot)
+                .ok_or_else(|| self.exhausted(size)),
+        }
+    }
+
+    /// Grows the mapping by at least `size` plus a page per class page (or
+    /// a chunk, or an eighth of what is mapped) and allocates, holding
+    /// `grow_lock` throughout so that no trim unmaps the new memory first.
+    fn grow_and_alloc(&self, size: usize, slot: u32) -> Option<u64> {
+        let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let heap = self.heap();
+        if let Ok(p) = heap.alloc(size, slot) {
+            return Some(p as usize as u64); // another thread grew it
+        }
+        let need = size
+            + if size <= MAX_CLASS_SIZE {
+                16 * PAGE_SIZE
+            } else {
+                0
+            };
+        let mapped = self.region.mapped();
+        // A partial growth still opens what it mapped: try the heap anyway.
+        let _ = self.grow(mapped + need.max(self.region.chunk()).max(mapped / 8));
+        heap.alloc(size, slot).ok().map(|p| p as usize as u64)
+    }
+
+    /// Maps memory until `bytes` are mapped (or the reservation is), then
+    /// opens the new pages: unfence, then raise the limit. What was mapped
+    /// before a failure is opened too. Callers hold `grow_lock` or own the
+    /// pool exclusively.
+    fn grow(&self, bytes: usize) -> Result<()> {
+        let before = (self.region.mapped() / PAGE_SIZE) as u32;
+        let grown = self.region.grow_to(bytes.min(self.region.reserved()));
+        let after = (self.region.mapped() / PAGE_SIZE) as u32;
+        if after > before {
+            let heap = self.heap();
+            heap.unfence(before, after);
+            heap.set_limit(after);
+            self.bump(GROWS);
+        }
+        grown.map(|_| ())
+    }
+
+    fn exhausted(&self, requested: usize) -> Error {
+        let s = self.stats();
+        let (_, largest) = self.free_space();
+        Error::PoolExhausted {
+            requested,
+            reserved: s.reserved,
+            in_use: s.in_use,
+            cached: s.cached(),
+            largest_free: largest,
+            limit: self.region.reserved(),
+        }
+    }
+
+    /// Returns every stream's cache to the heap, waiting (on the host) for
+    /// each stream's work up to now. Used under memory pressure, by
+    /// [`Pool::trim`] and [`Pool::release_stream`].
+    fn flush_all(&self) -> Result<()> {
+        let all: Vec<Arc<StreamCache<B>>> = self
+            .caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for sc in all {
+            self.flush(&sc)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self, sc: &StreamCache<B>) -> Result<()> {
+        let blocks: Vec<u64> = {
+            let mut c = sc.lock();
+            if c.bytes == 0 {
+                return Ok(());
+            }
+            c.dirty = false;
+            c.drain()
+        };
+        let backend = self.backend();
+        let waited = self.events.get(backend).and_then(|e| {
+            let r = backend
+                .record(&e, &sc.stream)
+                .and_then(|_| backend.synchronize(&e));
+            self.events.put(e);
+            r
+        });
+        if let Err(e) = waited {
+            // Not known to be idle: the blocks stay cached on their stream.
+            let mut c = sc.lock();
+            for p in blocks {
+                if let Ok(b) = self.heap().block_at(p as usize) {
+                    c.push(Key::of_block(&b), p);
+                }
+            }
+            return Err(e);
+        }
+        let heap = self.heap();
+        for p in blocks {
+            let _ = heap.free(p as usize as *mut u8, thread_slot());
+        }
+        self.bump(FLUSHES);
+        Ok(())
+    }
+
+    /// Waits for `stream`, returns its cache to the heap and forgets the
+    /// stream. Call before destroying a stream the pool has seen.
+    pub fn release_stream(&self, stream: &B::Stream) -> Result<()> {
+        let id = B::stream_id(stream);
+        let sc = self
+            .caches
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        if let Some(sc) = sc {
+            sc.released.store(true, Ordering::Release);
+            self.flush(&sc)?;
+            let mut c = sc.lock();
+            if let Some(e) = c.event.take() {
+                self.events.put(e);
+            }
+            self.fold(&mut c.net);
+            let mut f = self
+                .forgotten_counts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (t, v) in f.iter_mut().zip(c.counts) {
+                *t += v;
+            }
+        }
+        remember::<B>(self.id, None);
+        Ok(())
+    }
+
+    /// Waits for every stream, returns all caches to the heap and unmaps
+    /// physical memory from the end until at most `keep` bytes stay mapped
+    /// (at least one chunk). Memory in use is never unmapped: each chunk is
+    /// first fenced in the page map, which fails if any of its pages is in
+    /// use, so no allocation can take a page of it while it goes. Returns
+    /// the bytes mapped afterwards.
+    ///
+    /// # Time complexity
+    ///
+    /// O(pages of the chunks unmapped + cached blocks).
+    pub fn trim(&self, keep: usize) -> Result<usize> {
+        self.flush_all()?;
+        let heap = self.heap();
+        heap.scavenge();
+        let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let chunk = self.region.chunk();
+        let mut mapped = self.region.mapped();
+        while mapped > keep.max(chunk) {
+            let (from, to) = (
+                ((mapped - chunk) / PAGE_SIZE) as u32,
+                (mapped / PAGE_SIZE) as u32,
+            );
+            if !heap.fence(from, to) {
+                break; // a page of the last chunk is in use
+            }
+            // SAFETY: every page of the chunk is fenced: none is in use
+            // and none can be handed out (the invariant `fence` gives).
+            match unsafe { self.region.shrink_to(mapped - chunk) } {
+                Ok(m) => mapped = m,
+                Err(e) => {
+                    heap.unfence(from, to);
+                    return Err(e);
+                }
+            }
+            heap.set_limit(from);
+        }
+        Ok(mapped)
+    }
+
+    /// CUDA's release-threshold behaviour: trim to the configured threshold.
+    pub fn synchronize(&self) -> Result<usize> {
+        self.trim(self.release_threshold)
+    }
+}
+
+impl<B: Backend> Drop for Pool<B> {
+    fn drop(&mut self) {
+        // Work still queued may use pool memory: wait before unmapping.
+        let _ = self.backend().synchronize_device();
+    }
+}

@@ -1,0 +1,105 @@
+//! What a pool reports: bytes mapped, in use and cached, reuse counters.
+
+use super::cache::{ALLOCS, CROSS, FREES, SAME};
+use super::Pool;
+use crate::backend::Backend;
+use std::sync::atomic::Ordering;
+
+/// A snapshot of a pool.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolStats {
+    /// Bytes of physical memory mapped.
+    pub reserved: usize,
+    /// Bytes handed out and not freed (block sizes).
+    pub in_use: usize,
+    /// Largest `in_use` seen; sampled every 64 calls per stream.
+    pub peak_in_use: usize,
+    /// Bytes freed and cached, per stream (its id as an integer).
+    pub cached_per_stream: Vec<(usize, usize)>,
+    /// 1 - largest free run / free bytes of the mapped heap (0 = none).
+    pub fragmentation: f64,
+    pub allocs: u64,
+    pub frees: u64,
+    /// Blocks reused on the stream that freed them.
+    pub same_stream_reuse: u64,
+    /// Blocks taken from another stream's cache (with an event wait).
+    pub cross_stream_reuse: u64,
+    pub grows: u64,
+    pub flushes: u64,
+    pub bad_frees: u64,
+}
+
+impl PoolStats {
+    /// Bytes cached on all streams.
+    pub fn cached(&self) -> usize {
+        self.cached_per_stream.iter().map(|c| c.1).sum()
+    }
+}
+
+/// Pool-wide counters (`Pool::counts`): rare events.
+pub(super) const GROWS: usize = 0;
+pub(super) const FLUSHES: usize = 1;
+pub(super) const BAD: usize = 2;
+
+impl<B: Backend> Pool<B> {
+    /// Free bytes of the mapped heap and its largest free run, in one pass.
+    ///
+    /// # Time complexity
+    ///
+    /// O(mapped pages).
+    pub(super) fn free_space(&self) -> (usize, usize) {
+        let heap = self.heap();
+        let (mut free, mut best, mut run) = (0usize, 0u32, 0u32);
+        for p in 0..heap.limit() {
+            if heap.any_in_use(p, p + 1) {
+                run = 0;
+            } else {
+                free += 1;
+                run += 1;
+                best = best.max(run);
+            }
+        }
+        let page = cuheap_core::PAGE_SIZE;
+        (free * page, best as usize * page)
+    }
+
+    /// A snapshot of the pool's state (O(mapped pages + streams)).
+    pub fn stats(&self) -> PoolStats {
+        let mut cached_per_stream = Vec::new();
+        let mut per_stream = [0u64; 4];
+        let mut net = 0i64;
+        for (id, sc) in self.caches.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            let c = sc.lock();
+            cached_per_stream.push((*id, c.bytes));
+            net += c.net;
+            for (t, v) in per_stream.iter_mut().zip(c.counts) {
+                *t += v;
+            }
+        }
+        let (free_bytes, largest) = self.free_space();
+        let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        let in_use = (self.folded.load(Ordering::Relaxed) + net).max(0) as usize;
+        let gone = *self
+            .forgotten_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        PoolStats {
+            reserved: self.region.mapped(),
+            in_use,
+            peak_in_use: self.peak.load(Ordering::Relaxed).max(in_use),
+            cached_per_stream,
+            fragmentation: if free_bytes == 0 {
+                0.0
+            } else {
+                1.0 - largest as f64 / free_bytes as f64
+            },
+            allocs: per_stream[ALLOCS] + gone[ALLOCS],
+            frees: per_stream[FREES] + gone[FREES],
+            same_stream_reuse: per_stream[SAME] + gone[SAME],
+            cross_stream_reuse: per_stream[CROSS] + gone[CROSS],
+            grows: c(GROWS),
+            flushes: c(FLUSHES),
+            bad_frees: c(BAD),
+        }
+    }
+}

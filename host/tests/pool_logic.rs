@@ -1,0 +1,412 @@
+//! The pool's logic on the CPU, over [`HostBackend`]: host memory standing
+//! in for the device, with unmapped memory poisoned and every stream's
+//! waits recorded. No GPU needed.
+
+use cuheap_host::backend::host_memory::{Recorded, POISON};
+use cuheap_host::trace::Action;
+use cuheap_host::{
+    read_trace, DeviceBuffer, Error, HostBackend, HostStream, Logged, Pool, PoolConfig, Resource,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// A pool over host memory: `reserve` bytes of address space, mapped in
+/// `chunk`-byte steps, with at most `capacity` bytes of physical memory.
+fn pool(reserve: usize, chunk: usize, capacity: usize) -> Arc<Pool<HostBackend>> {
+    let cfg = PoolConfig {
+        initial: chunk,
+        chunk,
+        ..PoolConfig::new(reserve)
+    };
+    Arc::new(Pool::with_backend(HostBackend::new(64 * KIB, capacity), cfg).unwrap())
+}
+
+/// Fills `len` bytes at `ptr` with a pattern of `seed`; the error names
+/// the address if any byte is unmapped.
+fn fill(pool: &Pool<HostBackend>, ptr: u64, len: usize, seed: u64) -> Result<(), Error> {
+    let bytes: Vec<u8> = (0..len).map(|i| (seed as usize * 31 + i) as u8).collect();
+    pool.backend().write(ptr, &bytes)
+}
+
+/// Checks the pattern [`fill`] wrote.
+fn check(pool: &Pool<HostBackend>, ptr: u64, len: usize, seed: u64) -> Result<(), String> {
+    let mut got = vec![0u8; len];
+    pool.backend()
+        .read(ptr, &mut got)
+        .map_err(|e| e.to_string())?;
+    match (0..len).find(|&i| got[i] != (seed as usize * 31 + i) as u8) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "block {ptr:#x} byte {i}: {:#x} (poison is {POISON:#x})",
+            got[i]
+        )),
+    }
+}
+
+/// The race a trim must not lose. Threads allocate batches of blocks,
+/// fill them, check them, free them and hand them back to the heap
+/// (`release_stream`), so pages are claimed and retired all the time,
+/// while another thread trims the pool to nothing, again and again, on
+/// one-page chunks. A trim that unmapped a page an allocation had just
+/// claimed makes that allocation's fill or check fail (unmapped or
+/// poisoned memory).
+///
+/// The run is cut into phases. Between phases every thread is idle and the
+/// trimmer shrinks the pool as far as it goes (so each phase starts by
+/// growing it again under concurrent trims); during a phase it trims
+/// without pause.
+#[test]
+fn trim_never_unmaps_a_live_block() {
+    const THREADS: usize = 4;
+    const PHASES: usize = 20;
+    const ROUNDS: u64 = 15;
+    const BATCH: u64 = 24;
+    let pool = pool(64 * MIB, 64 * KIB, usize::MAX);
+    let barrier = Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let active = Arc::new(AtomicU64::new(0));
+    let trimmer = {
+        let (pool, barrier, active) = (pool.clone(), barrier.clone(), active.clone());
+        // Never panics (the workers would wait at the barrier for ever):
+        // errors are returned.
+        std::thread::spawn(move || -> Result<u64, String> {
+            let mut concurrent = 0;
+            let mut failure = None;
+            let trim = |failure: &mut Option<String>| {
+                let unmaps = pool.backend().counts().unmaps;
+                if let Err(e) = pool.trim(0) {
+                    failure.get_or_insert(e.to_string());
+                }
+                pool.backend().counts().unmaps - unmaps
+            };
+            for _ in 0..PHASES {
+                barrier.wait(); // every thread idle, every block freed
+                trim(&mut failure);
+                active.store(THREADS as u64, Ordering::SeqCst);
+                barrier.wait();
+                while active.load(Ordering::SeqCst) > 0 {
+                    concurrent += trim(&mut failure);
+                }
+            }
+            failure.map_or(Ok(concurrent), Err)
+        })
+    };
+    let workers: Vec<_> = (0..THREADS as u64)
+        .map(|t| {
+            let (pool, barrier, active) = (pool.clone(), barrier.clone(), active.clone());
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut done = 0;
+                let mut failure = None;
+                for phase in 0..PHASES as u64 {
+                    barrier.wait();
+                    barrier.wait();
+                    if failure.is_none() {
+                        match rounds(&pool, t, phase) {
+                            Ok(n) => done += n,
+                            Err(e) => failure = Some(e),
+                        }
+                    }
+                    active.fetch_sub(1, Ordering::SeqCst);
+                }
+                failure.map_or(Ok(done), Err)
+            })
+        })
+        .collect();
+    /// One phase of one thread: `ROUNDS` batches.
+    fn rounds(pool: &Pool<HostBackend>, t: u64, phase: u64) -> Result<u64, String> {
+        let mut done = 0;
+        for round in 0..ROUNDS {
+            let s = HostStream::new();
+            let mut live = Vec::new();
+            for i in 0..BATCH {
+                // Class blocks of several sizes, and a span of pages.
+                let size = if i == 0 { 96 * KIB } else { 256 << (i % 8) };
+                let p = pool.alloc(size, &s).map_err(|e| e.to_string())?;
+                let seed = t << 48 | phase << 32 | round << 16 | i;
+                fill(pool, p, size, seed).map_err(|e| format!("fill: {e}"))?;
+                live.push((p, size, seed));
+            }
+            std::thread::yield_now();
+            for (p, size, seed) in live {
+                check(pool, p, size, seed)?;
+                pool.free(p, &s).map_err(|e| e.to_string())?;
+                done += 1;
+            }
+            pool.release_stream(&s).map_err(|e| e.to_string())?;
+        }
+        Ok(done)
+    }
+    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let concurrent = trimmer.join().unwrap().unwrap();
+    for r in &results {
+        assert_eq!(
+            r.as_ref().map_err(String::clone),
+            Ok(&(PHASES as u64 * ROUNDS * BATCH)),
+            "{results:?}"
+        );
+    }
+    let s = pool.stats();
+    let n = THREADS as u64 * PHASES as u64 * ROUNDS * BATCH;
+    assert_eq!((s.in_use, s.allocs, s.frees, s.bad_frees), (0, n, n, 0));
+    // How hard the race was run: chunks unmapped while threads allocated.
+    println!("{concurrent} chunks unmapped under load");
+}
+
+#[test]
+fn same_stream_reuse_is_immediate_and_waits_for_nothing() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    let a = pool.alloc(1000, &s).unwrap();
+    s.enqueue();
+    pool.free(a, &s).unwrap();
+    assert_eq!(pool.alloc(1000, &s).unwrap(), a);
+    assert!(s.waits().is_empty());
+    let st = pool.stats();
+    assert_eq!((st.same_stream_reuse, st.cross_stream_reuse), (1, 0));
+    assert_eq!(st.in_use, 1024);
+}
+
+/// With the heap full, a block freed on stream A goes to stream B only
+/// with B waiting, on the device, for A's work up to the free.
+#[test]
+fn cross_stream_reuse_waits_for_the_freeing_stream() {
+    let pool = pool(2 * MIB, 2 * MIB, 2 * MIB);
+    let (a, b) = (HostStream::new(), HostStream::new());
+    let mut held = Vec::new();
+    while let Ok(p) = pool.alloc(64 * KIB, &a) {
+        held.push(p);
+    }
+    assert_eq!(held.len(), 32, "2 MiB of 64 KiB blocks");
+    let freed = held.pop().unwrap();
+    a.enqueue(); // a kernel on A still using the block
+    let work_at_free = a.enqueue();
+    pool.free(freed, &a).unwrap();
+    let got = pool.alloc(64 * KIB, &b).unwrap();
+    assert_eq!(got, freed);
+    assert_eq!(
+        b.waits(),
+        vec![Recorded {
+            stream: a.id(),
+            work: work_at_free
+        }]
+    );
+    assert_eq!(pool.stats().cross_stream_reuse, 1);
+    // Nothing left anywhere: out of memory, said with the numbers.
+    match pool.alloc(64 * KIB, &b) {
+        Err(Error::PoolExhausted {
+            requested,
+            reserved,
+            in_use,
+            limit,
+            ..
+        }) => assert_eq!(
+            (requested, reserved, in_use, limit),
+            (64 * KIB, 2 * MIB, 2 * MIB, 2 * MIB)
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn grows_on_demand_and_trims_back() {
+    let pool = pool(256 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    assert_eq!(pool.stats().reserved, 2 * MIB);
+    let blocks: Vec<u64> = (0..100).map(|_| pool.alloc(MIB, &s).unwrap()).collect();
+    for (i, &p) in blocks.iter().enumerate() {
+        fill(&pool, p, MIB, i as u64).unwrap();
+    }
+    let st = pool.stats();
+    assert!(st.reserved >= 100 * MIB && st.grows > 1, "{st:?}");
+    assert_eq!(st.in_use, 100 * MIB);
+    for (i, &p) in blocks.iter().enumerate() {
+        check(&pool, p, MIB, i as u64).unwrap();
+    }
+    // Trim keeps what is in use: the first block stays mapped.
+    for &p in &blocks[1..] {
+        pool.free(p, &s).unwrap();
+    }
+    let syncs = pool.backend().counts().event_syncs;
+    let kept = pool.trim(0).unwrap();
+    assert!(
+        pool.backend().counts().event_syncs > syncs,
+        "trim waited for the stream"
+    );
+    assert!(kept < 10 * MIB, "kept {kept} bytes");
+    check(&pool, blocks[0], MIB, 0).unwrap();
+    pool.free(blocks[0], &s).unwrap();
+    assert_eq!(pool.trim(0).unwrap(), 2 * MIB);
+    assert_eq!(pool.backend().mapped(), 2 * MIB);
+    assert_eq!(pool.backend().physical(), 2 * MIB);
+    // And it grows again.
+    let p = pool.alloc(50 * MIB, &s).unwrap();
+    fill(&pool, p, 50 * MIB, 7).unwrap();
+    check(&pool, p, 50 * MIB, 7).unwrap();
+}
+
+#[test]
+fn out_of_device_memory_is_an_error_and_the_pool_recovers() {
+    // 256 MiB of address space, but only 8 MiB of memory on the "device".
+    let pool = pool(256 * MIB, 2 * MIB, 8 * MIB);
+    let s = HostStream::new();
+    let mut held = Vec::new();
+    let err = loop {
+        match pool.alloc(MIB, &s) {
+            Ok(p) => held.push(p),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(held.len(), 8);
+    match &err {
+        Error::PoolExhausted {
+            requested,
+            reserved,
+            in_use,
+            cached,
+            ..
+        } => assert_eq!(
+            (*requested, *reserved, *in_use, *cached),
+            (MIB, 8 * MIB, 8 * MIB, 0)
+        ),
+        e => panic!("{e:?}"),
+    }
+    assert!(err.to_string().contains("trim()"), "{err}");
+    // Freed on another stream: the pool flushes caches before failing.
+    let other = HostStream::new();
+    for p in held.drain(..4) {
+        pool.free(p, &other).unwrap();
+    }
+    for _ in 0..4 {
+        held.push(pool.alloc(MIB, &s).unwrap());
+    }
+    for p in held {
+        pool.free(p, &s).unwrap();
+    }
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    assert!(matches!(pool.alloc(0, &s), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        pool.alloc(usize::MAX, &s),
+        Err(Error::PoolExhausted { .. })
+    ));
+    assert!(matches!(
+        pool.alloc(65 * MIB, &s),
+        Err(Error::PoolExhausted { .. })
+    ));
+    let p = pool.alloc(4096, &s).unwrap();
+    let span = pool.alloc(3 * MIB, &s).unwrap();
+    for bad in [0, 1, p + 256, span + 64 * KIB as u64, u64::MAX] {
+        assert!(pool.free(bad, &s).is_err(), "{bad:#x}");
+    }
+    pool.free(p, &s).unwrap();
+    assert!(pool.free(p, &s).is_err(), "double free");
+    pool.free(span, &s).unwrap();
+    assert!(pool.free(span, &s).is_err(), "double free of a span");
+    let st = pool.stats();
+    assert_eq!((st.bad_frees, st.allocs, st.frees, st.in_use), (7, 2, 2, 0));
+}
+
+#[test]
+fn threads_with_their_own_streams_keep_their_blocks_apart() {
+    let pool = pool(512 * MIB, 4 * MIB, usize::MAX);
+    let workers: Vec<_> = (0..8u64)
+        .map(|t| {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let s = HostStream::new();
+                let mut live = Vec::new();
+                for i in 0..1_500u64 {
+                    let size = 256 + ((t * 7919 + i * 104_729) % (64 * KIB as u64)) as usize;
+                    let p = pool.alloc(size, &s).unwrap();
+                    fill(&pool, p, size, t << 32 | i).unwrap();
+                    live.push((p, size, t << 32 | i));
+                    if i % 3 == 2 {
+                        let (p, size, seed) = live.swap_remove((i as usize * 13) % live.len());
+                        check(&pool, p, size, seed).unwrap();
+                        pool.free(p, &s).unwrap();
+                    }
+                }
+                for (p, size, seed) in live {
+                    check(&pool, p, size, seed).unwrap();
+                    pool.free(p, &s).unwrap();
+                }
+                pool.release_stream(&s).unwrap();
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let st = pool.stats();
+    assert_eq!(
+        (st.allocs, st.frees, st.in_use, st.bad_frees),
+        (12_000, 12_000, 0, 0)
+    );
+    assert!(
+        st.cached_per_stream.is_empty(),
+        "released streams are forgotten"
+    );
+    assert!(st.peak_in_use > 0);
+}
+
+#[test]
+fn buffers_copy_in_stream_order_and_check_bounds() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    let data: Vec<u32> = (0..10_000).collect();
+    let buf = DeviceBuffer::from_host(&pool, &data, &s).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), data);
+    assert_eq!(
+        s.work(),
+        2,
+        "one copy in, one copy out, on the buffer's stream"
+    );
+    let mut small = [0u32; 4];
+    buf.copy_to_host(&mut small).unwrap();
+    assert_eq!(small, [0, 1, 2, 3]);
+    assert!(buf.copy_from_host(&vec![0u32; 10_001]).is_err());
+    assert!(DeviceBuffer::<u64, _>::new(&pool, usize::MAX, &s).is_err());
+    drop(buf);
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+#[test]
+fn a_logged_pool_writes_rows_that_read_back() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let path = std::env::temp_dir().join(format!("cuheap-logic-{}.csv", std::process::id()));
+    let logged = Logged::to_file(pool, &path).unwrap();
+    let s = HostStream::new();
+    let a = logged.allocate(1000, &s).unwrap();
+    let b = logged.allocate(5 * MIB, &s).unwrap();
+    logged.deallocate(a, &s).unwrap();
+    assert!(logged.allocate(0, &s).is_err());
+    assert!(logged.deallocate(a, &s).is_err());
+    logged.deallocate(b, &s).unwrap();
+    drop(logged);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        text.starts_with("Thread,Time,Action,Pointer,Size,Stream\n"),
+        "{text}"
+    );
+    let rows = read_trace(&text).unwrap();
+    let got: Vec<(Action, u64, usize)> = rows.iter().map(|r| (r.action, r.ptr, r.size)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (Action::Allocate, a, 1000),
+            (Action::Allocate, b, 5 * MIB),
+            (Action::Free, a, 1000),
+            (Action::AllocateFailure, 0, 0),
+            (Action::Free, b, 5 * MIB),
+        ]
+    );
+    assert!(rows.iter().all(|r| r.stream == s.id() as u64));
+}
