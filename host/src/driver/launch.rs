@@ -183,7 +183,7 @@ impl<A: KernelArgs> Kernel<A> {
     /// `function` taking `A`, launched on `stream` by default. Fails if
     /// the driver reports parameter sizes that differ from `A`'s.
     pub(crate) fn new(function: Function, stream: Arc<CudaStream>) -> Result<Self> {
-        if let Some(sizes) = function.param_sizes()? {
+        if let Some(sizes) = function.param_sizes(A::sizes().len())? {
             if sizes != A::sizes() {
                 return Err(Error::InvalidArgument(format!(
                     "the kernel's parameters are {sizes:?} bytes, its declaration says {:?}",

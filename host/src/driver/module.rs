@@ -140,10 +140,13 @@ impl Function {
         Ok(n as u32)
     }
 
-    /// The size in bytes of each parameter, from the driver
-    /// (`cuFuncGetParamInfo`); `None` where the driver is older than
-    /// CUDA 12.4 and cannot tell.
-    pub fn param_sizes(&self) -> Result<Option<Vec<usize>>> {
+    /// The sizes in bytes of the first `count` parameters, from the
+    /// driver (`cuFuncGetParamInfo`); fewer when the kernel has fewer.
+    /// `None` where the driver is older than CUDA 12.4 and cannot tell.
+    /// Only indices below `count` are asked for, so a kernel with more
+    /// parameters goes unnoticed here (the PTX checks of the kernel table
+    /// catch it), and a matching kernel makes no failing driver call.
+    pub fn param_sizes(&self, count: usize) -> Result<Option<Vec<usize>>> {
         let mut version = 0i32;
         // SAFETY: writes one int.
         unsafe { sys::cuDriverGetVersion(&mut version) }
@@ -153,7 +156,7 @@ impl Function {
             return Ok(None);
         }
         let mut sizes = Vec::new();
-        loop {
+        while sizes.len() < count {
             let (mut offset, mut size) = (0usize, 0usize);
             // SAFETY: out-parameters for a function of a loaded module; an
             // index past the last parameter is an error, not a fault.
@@ -162,7 +165,7 @@ impl Function {
             };
             match r {
                 sys::CUresult::CUDA_SUCCESS => sizes.push(size),
-                sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Ok(Some(sizes)),
+                sys::CUresult::CUDA_ERROR_INVALID_VALUE => break,
                 e => {
                     return Err(Error::Driver {
                         what: "cuFuncGetParamInfo",
@@ -171,6 +174,7 @@ impl Function {
                 }
             }
         }
+        Ok(Some(sizes))
     }
 }
 
