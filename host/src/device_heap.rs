@@ -7,8 +7,8 @@
 //! address range with memory mapped behind a prefix, and
 //! [`DeviceHeap::grow`] maps more and raises the heap's usable-page limit
 //! in device memory. Kernels read that limit when they look for a fresh
-//! page, so the heap grows between launches. (Growing under a running
-//! kernel did not help that kernel in a test on an H100; see the README.)
+//! page, so the heap grows between launches. Growing while a kernel runs
+//! is not supported yet (see the README's limitations).
 
 use crate::driver::{DeviceMemory, Gpu, Param};
 use crate::error::{Context, Error, Result};
