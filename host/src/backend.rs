@@ -76,7 +76,8 @@ pub trait Backend: Send + Sync + 'static {
     unsafe fn unmap(&self, at: u64, bytes: usize) -> Result<()>;
 
     /// Copies `src` to device address `dst` after the work enqueued on
-    /// `stream` so far; `src` may be reused when this returns.
+    /// `stream` so far; returns when the copy is done, so `src` may be
+    /// reused (pinned or not).
     ///
     /// # Safety
     ///

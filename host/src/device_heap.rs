@@ -13,7 +13,7 @@
 use crate::driver::{DeviceMemory, Gpu, Param};
 use crate::error::{Context, Error, Result};
 use crate::vmm::VmmRegion;
-use cudarc::driver::{result, CudaStream};
+use cudarc::driver::CudaStream;
 use cuheap_core::page::PageDesc;
 use cuheap_core::{Counters, HeapHandle, Layout, Stats, PAGE_SIZE};
 use std::mem::{align_of, offset_of, size_of};
@@ -107,13 +107,9 @@ impl DeviceHeap {
         };
         let mapped = region.grow_to(bytes.min(region.reserved()))?;
         let limit = [(mapped / PAGE_SIZE) as u64];
-        let at = self.meta.ptr()
-            + (self.layout.counters + std::mem::offset_of!(Counters, page_limit)) as u64;
-        // SAFETY: `at` is the heap's page-limit word in its metadata; the
-        // copy is ordered on our stream and waited for before `limit` goes.
-        unsafe { result::memcpy_htod_async(at, &limit, stream.cu_stream()) }
-            .during("cuMemcpyHtoDAsync")?;
-        stream.synchronize().during("cuStreamSynchronize")?;
+        // The heap's page-limit word, written on the heap's own stream.
+        let at = self.layout.counters + std::mem::offset_of!(Counters, page_limit);
+        self.meta.write_on(at, &limit, stream)?;
         Ok(mapped)
     }
 
@@ -169,20 +165,24 @@ impl DeviceHeap {
         let n = self.capacity() / PAGE_SIZE;
         let mut descs: Vec<PageDesc> = (0..n).map(|_| PageDesc::new()).collect();
         let mut counters = [Counters::new()];
-        // PageDesc and Counters are #[repr(C)] atomics: the device's bytes
-        // are valid values of them.
-        self.meta
-            .read(self.layout.descs, as_bytes_mut(&mut descs))?;
-        self.meta
-            .read(self.layout.counters, as_bytes_mut(&mut counters))?;
+        // SAFETY: PageDesc and Counters are #[repr(C)] integer atomics:
+        // any bytes the device holds are valid values of them.
+        let (d, c) = unsafe { (as_bytes_mut(&mut descs), as_bytes_mut(&mut counters)) };
+        self.meta.read(self.layout.descs, d)?;
+        self.meta.read(self.layout.counters, c)?;
         Ok(Stats::collect(&descs, &counters[0]))
     }
 }
 
 /// The bytes of a slice of plain `#[repr(C)]` atomics, to copy into.
-fn as_bytes_mut<T>(v: &mut [T]) -> &mut [u8] {
-    // SAFETY: only used with PageDesc and Counters, which are #[repr(C)]
-    // structs of integer atomics: every byte pattern is a valid value.
+///
+/// # Safety
+///
+/// Every byte pattern is a valid `T` (true of `PageDesc` and `Counters`:
+/// `#[repr(C)]` structs of integer atomics).
+unsafe fn as_bytes_mut<T>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: the caller guarantees any bytes written are a valid `T`; the
+    // slice covers exactly `v`'s memory, borrowed mutably for its lifetime.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 

@@ -70,7 +70,7 @@ impl Action {
 pub struct TraceEvent {
     /// The calling thread, as the trace names it.
     pub thread: u64,
-    /// The time column as written (RMM: `HH:MM:SS:microseconds`).
+    /// The time column as written (RMM: `HH:MM:SS.microseconds`).
     pub time: String,
     pub action: Action,
     pub ptr: u64,
@@ -101,14 +101,15 @@ thread_local! {
     };
 }
 
-/// Wall-clock time of day as RMM writes it: `HH:MM:SS:microseconds` (UTC).
+/// Wall-clock time of day as RMM's logging adaptor writes it
+/// (`%H:%M:%S.%f`: `HH:MM:SS.microseconds`), UTC.
 fn time_of_day() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     let s = t.as_secs() % 86_400;
     format!(
-        "{:02}:{:02}:{:02}:{:06}",
+        "{:02}:{:02}:{:02}.{:06}",
         s / 3600,
         s / 60 % 60,
         s % 60,

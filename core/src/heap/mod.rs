@@ -187,7 +187,14 @@ impl<'a, W: Word> Heap<'a, W> {
 
     /// Returns fenced pages `from..to` to service (a growing owner maps
     /// their memory first, then unfences, then raises the limit).
-    pub fn unfence(&self, from: u32, to: u32) {
+    ///
+    /// # Safety
+    ///
+    /// Every page of `from..to` was fenced by this caller ([`Heap::fence`]
+    /// returned true, or the pages were never handed out) and is not fenced
+    /// by anyone else: unfencing a page in use would let it be handed out
+    /// twice.
+    pub unsafe fn unfence(&self, from: u32, to: u32) {
         let to = to.min(self.page_count);
         if from < to {
             PageMap::new(self.page_map).release_run(from, to - from);

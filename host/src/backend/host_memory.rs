@@ -44,7 +44,12 @@ pub struct HostBackend {
     /// Physical bytes alive (shared with [`HostMemory`] for its drop).
     physical: Arc<AtomicUsize>,
     counts: Mutex<HostCounts>,
+    /// Called at the start of every unmap (see [`HostBackend::on_unmap`]).
+    unmap_hook: Mutex<Option<UnmapHook>>,
 }
+
+/// A test's callback at the start of an unmap: address and length.
+type UnmapHook = Arc<dyn Fn(u64, usize) + Send + Sync>;
 
 #[derive(Default)]
 struct State {
@@ -150,7 +155,15 @@ impl HostBackend {
             }),
             physical: Arc::new(AtomicUsize::new(0)),
             counts: Mutex::new(HostCounts::default()),
+            unmap_hook: Mutex::new(None),
         }
+    }
+
+    /// Runs `hook(at, bytes)` at the start of every unmap, before the range
+    /// goes: a test's way to act between an owner's decision to unmap and
+    /// the unmap itself.
+    pub fn on_unmap(&self, hook: impl Fn(u64, usize) + Send + Sync + 'static) {
+        *lock(&self.unmap_hook) = Some(Arc::new(hook));
     }
 
     pub fn counts(&self) -> HostCounts {
@@ -199,6 +212,9 @@ impl HostBackend {
         let state = lock(&self.state);
         let mut pieces = Vec::new();
         let mut done = 0usize;
+        if at.checked_add(len as u64).is_none() {
+            return Err(fault(at));
+        }
         while done < len {
             let a = at + done as u64;
             let (start, m) = state
@@ -317,6 +333,10 @@ impl Backend for HostBackend {
     }
 
     unsafe fn unmap(&self, at: u64, bytes: usize) -> Result<()> {
+        let hook = lock(&self.unmap_hook).clone();
+        if let Some(hook) = hook {
+            hook(at, bytes);
+        }
         let m = lock(&self.state).mapped.remove(&at);
         match m {
             Some(m) if m.bytes == bytes => {

@@ -155,10 +155,12 @@ impl Backend for CudaBackend {
 
     unsafe fn copy_to_device(&self, dst: u64, src: &[u8], stream: &Arc<CudaStream>) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller guarantees the device range; a copy from
-        // pageable memory is staged before this returns, so `src` may go.
+        // SAFETY: the caller guarantees the device range; `src` is borrowed
+        // until the stream is synchronised below (a pinned `src` is read by
+        // the copy engine after this call returns).
         unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) }
-            .during("cuMemcpyHtoDAsync")
+            .during("cuMemcpyHtoDAsync")?;
+        stream.synchronize().during("cuStreamSynchronize")
     }
 
     unsafe fn copy_from_device(

@@ -212,10 +212,14 @@ impl<A: KernelArgs> Kernel<A> {
     /// the kernel ends, for everything the kernel does with it (the bytes
     /// it reads and writes), and no other stream or host copy writes
     /// memory the kernel uses meanwhile. Each kernel's documentation says
-    /// what that is for it. `A` matches the kernel's parameters: checked
-    /// against the driver's parameter sizes when the kernel was looked up
-    /// (drivers from CUDA 12.4), and for a [`kernel_table!`](crate::kernel_table) against the
-    /// kernels' source when that is compiled.
+    /// what that is for it. `A` matches the kernel's parameters. For a
+    /// [`kernel_table!`](crate::kernel_table) that is checked when the
+    /// kernels are compiled from the same table, and by a test against the
+    /// PTX. For [`Gpu::kernel`](crate::Gpu::kernel) the sizes of `A`'s
+    /// parameters are compared with the driver's (drivers from CUDA 12.4),
+    /// which catches a wrong size or too many parameters but not a kernel
+    /// with more parameters than `A` declares: that is the caller's to get
+    /// right.
     pub unsafe fn launch(&self, cfg: &LaunchConfig<'_>, mut args: A) -> Result<()> {
         let stream = cfg.stream.unwrap_or(&self.stream);
         let mut params = args.params();

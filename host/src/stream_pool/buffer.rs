@@ -40,7 +40,7 @@ impl<T: bytemuck::Pod, B: Backend> DeviceBuffer<T, B> {
     }
 
     /// Copies `data` into the buffer, after the work enqueued on its
-    /// stream so far; `data` may be reused when this returns.
+    /// stream so far; returns when the copy is done.
     pub fn copy_from_host(&self, data: &[T]) -> Result<()> {
         self.fits(data.len())?;
         // SAFETY: the buffer holds `len >= data.len()` values of `T` and

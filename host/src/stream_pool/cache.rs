@@ -28,12 +28,12 @@ impl Key {
         })
     }
 
-    /// The key a block the heap found was served by.
+    /// The key under which a block the heap found is cached: the key of
+    /// its size, so that a one-page span the heap served for a 64 KiB
+    /// request (when no class page fitted) is found again by the next
+    /// 64 KiB request.
     pub(super) fn of_block(b: &BlockInfo) -> Key {
-        match b.class {
-            Some(c) => Key::Class(c),
-            None => Key::Span((b.size / PAGE_SIZE) as u32),
-        }
+        Key::of(b.size).unwrap_or(Key::Span((b.size / PAGE_SIZE) as u32))
     }
 
     pub(super) fn bytes(self) -> usize {
@@ -226,6 +226,15 @@ mod tests {
             );
         }
         assert_eq!(Key::of(64 << 20), Some(Key::Span(1024)));
+        // A one-page span and a 64 KiB class block share a key.
+        let span = BlockInfo {
+            page: 3,
+            class: None,
+            index: 0,
+            size: PAGE_SIZE,
+        };
+        assert_eq!(Key::of_block(&span), Key::of(PAGE_SIZE).unwrap());
+        assert_eq!(Key::of_block(&span).bytes(), PAGE_SIZE);
         assert_eq!(Key::of(usize::MAX), None);
     }
 

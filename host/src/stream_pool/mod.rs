@@ -155,7 +155,20 @@ impl<B: Backend> Pool<B> {
                 cfg.reserve
             )));
         }
-        let region = Region::with_backend(backend, cfg.reserve, cfg.chunk)?;
+        // Whole pages per chunk: the heap needs a page-aligned base, and the
+        // reservation is chunk-aligned.
+        let chunk = cfg
+            .chunk
+            .max(1)
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or_else(|| Error::InvalidArgument(format!("pool chunk of {} bytes", cfg.chunk)))?;
+        let region = Region::with_backend(backend, cfg.reserve, chunk)?;
+        if region.base() % PAGE_SIZE as u64 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "reservation at {:#x} is not {PAGE_SIZE}-byte aligned",
+                region.base()
+            )));
+        }
         let pages = (region.reserved() / PAGE_SIZE).min(u32::MAX as usize / 2) as u32;
         let layout = Layout::new(pages, SLOTS);
         let meta = HostMeta::zeroed(layout.meta_bytes)?;
@@ -194,6 +207,14 @@ impl<B: Backend> Pool<B> {
         self.region.backend()
     }
 
+    /// The handle of the backing `cuheap-core` heap: its metadata is host
+    /// memory of this pool, its data the pool's device addresses. For
+    /// tools and tests that inspect the page map; valid while the pool
+    /// lives.
+    pub fn heap_handle(&self) -> HeapHandle {
+        self.handle
+    }
+
     /// Address space reserved (the most the pool can map).
     pub fn reservation(&self) -> usize {
         self.region.reserved()
@@ -201,8 +222,8 @@ impl<B: Backend> Pool<B> {
 
     fn heap(&self) -> Heap<'_, u64> {
         // SAFETY: `handle.meta` is this pool's zeroed host metadata sized by
-        // `Layout`, `handle.data` the reserved region (64 KiB aligned: the
-        // reservation is chunk-aligned); both live as long as `self`. The
+        // `Layout`, `handle.data` the reserved region (page-aligned, checked
+        // in `with_backend`); both live as long as `self`. The
         // heap only computes device addresses, it never touches them.
         unsafe { Heap::from_handle(&self.handle) }
     }
@@ -303,13 +324,22 @@ impl<B: Backend> Pool<B> {
     /// are refused with an error and counted.
     pub fn free(&self, ptr: u64, stream: &B::Stream) -> Result<()> {
         let key = self.release_live(ptr)?;
-        let own = self.cache(stream);
-        let mut c = own.lock();
-        let c = &mut *c;
-        c.push(key, ptr);
-        c.dirty = true;
-        self.account(&mut c.counts, &mut c.net, FREES, -(key.bytes() as i64));
-        Ok(())
+        loop {
+            let own = self.cache(stream);
+            let mut c = own.lock();
+            // A cache `release_stream` took away meanwhile is flushed once,
+            // under this lock: a block pushed after that would stay there.
+            if own.released.load(Ordering::Acquire) {
+                drop(c);
+                remember::<B>(self.id, None);
+                continue;
+            }
+            let c = &mut *c;
+            c.push(key, ptr);
+            c.dirty = true;
+            self.account(&mut c.counts, &mut c.net, FREES, -(key.bytes() as i64));
+            return Ok(());
+        }
     }
 
     /// Bytes of the block at `ptr` (its class or span size, at least what
@@ -435,7 +465,10 @@ impl<B: Backend> Pool<B> {
         let after = (self.region.mapped() / PAGE_SIZE) as u32;
         if after > before {
             let heap = self.heap();
-            heap.unfence(before, after);
+            // SAFETY: pages past the mapped end are fenced by this pool
+            // alone (at creation and by trim), and the caller holds
+            // `grow_lock`, so no trim fences them meanwhile.
+            unsafe { heap.unfence(before, after) };
             heap.set_limit(after);
             self.bump(GROWS);
         }
@@ -490,8 +523,10 @@ impl<B: Backend> Pool<B> {
             r
         });
         if let Err(e) = waited {
-            // Not known to be idle: the blocks stay cached on their stream.
+            // Not known to be idle: the blocks stay cached on their stream,
+            // and the next steal must record a new event.
             let mut c = sc.lock();
+            c.dirty = true;
             for p in blocks {
                 if let Ok(b) = self.heap().block_at(p as usize) {
                     c.push(Key::of_block(&b), p);
@@ -566,7 +601,8 @@ impl<B: Backend> Pool<B> {
             match unsafe { self.region.shrink_to(mapped - chunk) } {
                 Ok(m) => mapped = m,
                 Err(e) => {
-                    heap.unfence(from, to);
+                    // SAFETY: fenced just above by this trim, under `grow_lock`.
+                    unsafe { heap.unfence(from, to) };
                     return Err(e);
                 }
             }
