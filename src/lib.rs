@@ -3,6 +3,7 @@
 #[cfg(feature = "cli")]
 pub mod bench;
 pub mod kernels;
+pub mod spgemm;
 
 pub use cudarc;
 pub use cuheap_core as core;
