@@ -257,3 +257,69 @@ fn heap_grows_between_launches() {
     assert_empty(&h);
     println!("growable heap: 4 MiB -> 320 MiB between launches");
 }
+
+/// Growth between launches, automatic: 1M threads ask for 256 B each
+/// (256 MiB) from a 4 MiB heap; `run_growing` grows it by the recorded
+/// shortfall and relaunches, and the kernel retries only the threads that
+/// got null. Blocks from the first launch keep their addresses, and every
+/// block is filled and checked at the end.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn growth_between_launches_retries_only_what_failed() {
+    let gpu = gpu();
+    let h = DeviceHeap::growable(&gpu, 4 << 20, 1 << 30).unwrap();
+    let n = 1u32 << 20;
+    let b = Bufs::new(&gpu, n);
+    let cfg = LaunchConfig::for_threads(n);
+    let mut first = Vec::new();
+    let g = h
+        .run_growing(16, |attempt| {
+            // SAFETY: `b.ptrs` holds n pointers; the heap and the buffer
+            // outlive the launch, which run_growing waits for.
+            unsafe { b.kernels.alloc_missing(&cfg, &h, n, 256, b.ptrs.as_ptr()) }?;
+            if attempt == 0 {
+                gpu.sync()?;
+                first = b.ptrs(n);
+            }
+            Ok(())
+        })
+        .unwrap();
+    let all = b.ptrs(n);
+    let served_first = first.iter().filter(|&&p| p != 0).count();
+    assert!(
+        served_first > 0 && served_first < n as usize / 2,
+        "{served_first} served by the 4 MiB heap"
+    );
+    assert!(g.launches > 1 && g.grown > 0, "{g:?}");
+    assert!(all.iter().all(|&p| p != 0), "a thread still has no block");
+    for (a, z) in first.iter().zip(&all) {
+        assert!(*a == 0 || a == z, "a block from the first launch moved");
+    }
+    let s = h.stats().unwrap();
+    assert_eq!(s.blocks(), n as u64);
+    // Every null of every launch was counted with its bytes.
+    assert!(s.failed_allocs >= (n as usize - served_first) as u64);
+    assert_eq!(s.failed_bytes, s.failed_allocs * 256);
+    fill_check(&gpu, &b, n, 256);
+    assert_eq!(b.take_errors(), [0, 0], "blocks overlap or moved");
+    free(&gpu, &h, &b, n);
+    assert_empty(&h);
+    println!(
+        "run_growing: 4 MiB -> {} MiB in {} launches ({} of {n} served by the first)",
+        g.capacity >> 20,
+        g.launches,
+        served_first
+    );
+    // A fixed heap cannot grow: the shortfall is an error, not a hang.
+    let fixed = DeviceHeap::new(&gpu, 4 << 20).unwrap();
+    b.ptrs.zero().unwrap();
+    let r = fixed.run_growing(4, |_| {
+        // SAFETY: as above.
+        unsafe {
+            b.kernels
+                .alloc_missing(&cfg, &fixed, n, 256, b.ptrs.as_ptr())
+        }
+    });
+    assert!(matches!(r, Err(cuheap::Error::OutOfMemory { .. })), "{r:?}");
+    free(&gpu, &fixed, &b, n);
+}

@@ -145,7 +145,33 @@ mod tests {
         heap.free(p, 0).unwrap();
         assert_eq!(heap.free(p, 0), Err(FreeError::NotAllocated));
         let s = heap.stats();
-        assert_eq!((s.failed_allocs, s.bad_frees), (3, 4));
+        // Size 0 and too large are failures, but no shortfall growth could fix.
+        assert_eq!((s.failed_allocs, s.failed_bytes, s.bad_frees), (3, 0, 4));
+        heap.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn shortfall_counts_the_bytes_that_did_not_fit() {
+        let h = OwnedHeap::<u64>::new(5, 1).unwrap();
+        let heap = h.heap();
+        heap.set_limit(2);
+        let a = heap.alloc(PAGE_SIZE, 0).unwrap();
+        let b = heap.alloc(PAGE_SIZE, 0).unwrap();
+        // A span and a class block that no longer fit.
+        assert_eq!(heap.alloc(PAGE_SIZE + 1, 0), Err(AllocError::OutOfMemory));
+        assert_eq!(heap.alloc(100, 0), Err(AllocError::OutOfMemory));
+        let s = heap.stats();
+        assert_eq!(
+            (s.failed_allocs, s.failed_bytes),
+            (2, PAGE_SIZE as u64 + 1 + 100)
+        );
+        // Growing by the shortfall (three pages) serves both.
+        heap.set_limit(5);
+        let c = heap.alloc(PAGE_SIZE + 1, 0).unwrap();
+        let d = heap.alloc(100, 0).unwrap();
+        for p in [a, b, c, d] {
+            heap.free(p, 0).unwrap();
+        }
         heap.check_invariants().unwrap();
     }
 

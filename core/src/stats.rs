@@ -21,7 +21,10 @@ pub struct Counters {
     /// Pages the heap may use, counted from the start (0: all of them). A
     /// pool raises it as it maps memory behind more of a reserved range.
     pub page_limit: AtomicU64,
-    pad: [u64; 1],
+    /// Bytes asked for by allocations that failed for want of memory (not
+    /// size 0, not larger than the whole heap): the shortfall a growable
+    /// heap grows by.
+    pub failed_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -34,7 +37,7 @@ impl Counters {
             spans_allocated: AtomicU64::new(0),
             spans_freed: AtomicU64::new(0),
             page_limit: AtomicU64::new(0),
-            pad: [0; 1],
+            failed_bytes: AtomicU64::new(0),
         }
     }
 
@@ -71,6 +74,8 @@ pub struct Stats {
     pub free_pages: u64,
     pub page_count: u64,
     pub failed_allocs: u64,
+    /// Bytes of the allocations that failed for want of memory.
+    pub failed_bytes: u64,
     pub bad_frees: u64,
     pub pages_activated: u64,
     pub pages_retired: u64,
@@ -92,6 +97,7 @@ impl Stats {
             free_pages: 0,
             page_count: descs.len() as u64,
             failed_allocs: counters.failed_allocs.load(Ordering::Relaxed),
+            failed_bytes: counters.failed_bytes.load(Ordering::Relaxed),
             bad_frees: counters.bad_frees.load(Ordering::Relaxed),
             pages_activated: counters.pages_activated.load(Ordering::Relaxed),
             pages_retired: counters.pages_retired.load(Ordering::Relaxed),

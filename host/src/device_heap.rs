@@ -13,7 +13,7 @@
 use crate::driver::{DeviceMemory, Gpu, Param};
 use crate::error::{Context, Error, Result};
 use crate::vmm::VmmRegion;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaContext, CudaStream};
 use cuheap_core::page::PageDesc;
 use cuheap_core::{Counters, HeapHandle, Layout, Stats, PAGE_SIZE};
 use std::mem::{align_of, offset_of, size_of};
@@ -29,9 +29,21 @@ enum Data {
     },
 }
 
+/// What [`DeviceHeap::run_growing`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Growth {
+    /// Launches run, the last one with no failed allocation.
+    pub launches: u32,
+    /// Bytes the heap grew by.
+    pub grown: usize,
+    /// Bytes usable at the end.
+    pub capacity: usize,
+}
+
 /// A device heap of `page_count` pages, `slots` current-page slots (one
 /// per SM).
 pub struct DeviceHeap {
+    ctx: Arc<CudaContext>,
     meta: DeviceMemory,
     // The handle points into it.
     data: Data,
@@ -64,6 +76,7 @@ impl DeviceHeap {
             slots,
         };
         Ok(DeviceHeap {
+            ctx: gpu.context().clone(),
             meta,
             data: Data::Fixed { _memory: data },
             handle,
@@ -87,6 +100,7 @@ impl DeviceHeap {
         };
         let stream = gpu.context().new_stream().during("cuStreamCreate")?;
         let heap = DeviceHeap {
+            ctx: gpu.context().clone(),
             meta,
             data: Data::Growable { region, stream },
             handle,
@@ -111,6 +125,94 @@ impl DeviceHeap {
         let at = self.layout.counters + std::mem::offset_of!(Counters, page_limit);
         self.meta.write_on(at, &limit, stream)?;
         Ok(mapped)
+    }
+
+    /// Makes room for `bytes` more than the heap's footprint now (pages
+    /// taken by classes and spans): grows a growable heap until its
+    /// capacity is at least that. Returns the capacity. A fixed heap only
+    /// checks: [`Error::OutOfMemory`] when it has less room.
+    pub fn reserve(&self, bytes: usize) -> Result<usize> {
+        let want = (self.stats()?.bytes_reserved as usize).saturating_add(bytes);
+        if want <= self.capacity() {
+            return Ok(self.capacity());
+        }
+        match &self.data {
+            Data::Growable { region, .. } if want <= region.reserved() => self.grow(want),
+            _ => Err(self.short_of(want - self.capacity())),
+        }
+    }
+
+    /// Runs `launch(attempt)` (attempt 0, 1, ...), which enqueues work
+    /// that allocates from this heap, then waits for the device. While
+    /// allocations failed for want of memory, grows the heap by at least
+    /// their bytes (and at least doubles it) and runs `launch` again: the
+    /// kernel redoes only what failed, e.g. threads that hold no block yet
+    /// (`Bench::alloc_missing` does this). Blocks from earlier attempts
+    /// stay valid: growth only adds pages. The natural way to launch a
+    /// kernel whose output size is unknown.
+    ///
+    /// Fails with [`Error::OutOfMemory`] when the heap cannot grow enough
+    /// (a fixed heap, the reservation or the device full) or `launch` was
+    /// run `max_launches` times and allocations still failed.
+    pub fn run_growing(
+        &self,
+        max_launches: u32,
+        mut launch: impl FnMut(u32) -> Result<()>,
+    ) -> Result<Growth> {
+        let start = self.capacity();
+        let mut seen = self.shortfall()?;
+        for attempt in 0..max_launches {
+            launch(attempt)?;
+            self.ctx.synchronize().during("cuCtxSynchronize")?;
+            let now = self.shortfall()?;
+            let (failed, bytes) = (now.0 - seen.0, now.1 - seen.1);
+            seen = now;
+            if failed == 0 {
+                return Ok(Growth {
+                    launches: attempt + 1,
+                    grown: self.capacity() - start,
+                    capacity: self.capacity(),
+                });
+            }
+            if attempt + 1 == max_launches {
+                break;
+            }
+            let Data::Growable { region, .. } = &self.data else {
+                return Err(self.short_of(bytes as usize));
+            };
+            let cap = self.capacity();
+            let target = cap
+                .saturating_mul(2)
+                .max(cap.saturating_add((bytes as usize).saturating_mul(2)))
+                .min(region.reserved());
+            if target <= cap {
+                return Err(self.short_of(bytes as usize));
+            }
+            self.grow(target)?;
+        }
+        Err(self.short_of(seen.1 as usize))
+    }
+
+    /// Failed allocations and their bytes, ever (read from the device).
+    pub fn shortfall(&self) -> Result<(u64, u64)> {
+        let mut c = [Counters::new()];
+        // SAFETY: Counters is #[repr(C)] integer atomics: any bytes are a
+        // valid value.
+        let bytes = unsafe { as_bytes_mut(&mut c) };
+        self.meta.read(self.layout.counters, bytes)?;
+        let c = &c[0];
+        Ok((
+            c.failed_allocs.load(std::sync::atomic::Ordering::Relaxed),
+            c.failed_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        ))
+    }
+
+    fn short_of(&self, bytes: usize) -> Error {
+        Error::OutOfMemory {
+            requested: bytes,
+            reserved: self.capacity(),
+            free: self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0),
+        }
     }
 
     pub fn handle(&self) -> HeapHandle {

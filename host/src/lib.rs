@@ -37,7 +37,7 @@ pub use backend::{Backend, HostBackend, HostStream};
 pub use bytemuck;
 pub use cudarc;
 pub use cuheap_core::{HeapHandle, Stats};
-pub use device_heap::{DeviceHeap, HeapArg};
+pub use device_heap::{DeviceHeap, Growth, HeapArg};
 pub use driver::{
     CudaBackend, DeviceInfo, DeviceMemory, DevicePtr, Function, Gpu, Kernel, KernelArgs,
     LaunchConfig, LoadOptions, Module, Param,

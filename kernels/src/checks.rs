@@ -14,6 +14,24 @@ use cuheap_core::{HeapHandle, Layout, Word};
 ///
 /// The contract of its line in `signatures.rs`.
 #[inline(always)]
+pub unsafe fn alloc_missing(h: HeapHandle, n: u32, sz: u32, ptrs: *mut *mut u8) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    // SAFETY: tid < n entries.
+    let slot = unsafe { ptrs.add(tid as usize) };
+    // SAFETY: as above.
+    if unsafe { slot.read() }.is_null() {
+        // SAFETY: the caller passes a live heap; `slot` is this thread's.
+        unsafe { slot.write(dev_alloc(&h, thread_size(tid, sz))) };
+    }
+}
+
+/// # Safety
+///
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
 pub unsafe fn smoke(x: *mut u32, n: u32) {
     let i = global_thread();
     if i < n {

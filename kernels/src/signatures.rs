@@ -99,6 +99,16 @@ signatures! {
     /// `out` holds 8 values.
     fn checks::conformance_layout(pages: u32, slots: u32, out: *mut u64);
 
+    /// Per thread whose `ptrs[tid]` is null: allocates `sz` bytes from
+    /// `heap` into it (null again if the heap is short). Threads that
+    /// already hold a block do nothing, so running it again after the heap
+    /// grew retries only the failed part.
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; `ptrs` holds `n` pointers.
+    fn checks::alloc_missing(heap: HeapHandle, n: u32, sz: u32, ptrs: *mut *mut u8);
+
     /// Fills each thread's whole block `ptrs[tid]` with its thread id.
     ///
     /// # Safety

@@ -63,7 +63,7 @@ impl<W: Word> Heap<'_, W> {
         if page_units(class) > 1 {
             return self.alloc_span(size, slot);
         }
-        Err(self.fail(AllocError::OutOfMemory))
+        Err(self.fail_short(size))
     }
 
     /// Reserves up to `want` (1..=4096) blocks of `class` on one page: the
@@ -256,5 +256,13 @@ impl<W: Word> Heap<'_, W> {
     pub(super) fn fail(&self, e: AllocError) -> AllocError {
         Counters::bump(&self.counters.failed_allocs, 1);
         e
+    }
+
+    /// Counts an allocation of `size` bytes that failed for want of memory
+    /// (the heap's shortfall).
+    #[cold]
+    pub(super) fn fail_short(&self, size: usize) -> AllocError {
+        Counters::bump(&self.counters.failed_bytes, size as u64);
+        self.fail(AllocError::OutOfMemory)
     }
 }

@@ -26,7 +26,7 @@ impl<W: Word> Heap<'_, W> {
             start = map.claim_run(pages as u32, limit, 0);
         }
         let Some(start) = start else {
-            return Err(self.fail(AllocError::OutOfMemory));
+            return Err(self.fail_short(size));
         };
         for p in start + 1..start + pages as u32 {
             self.descs[p as usize]
