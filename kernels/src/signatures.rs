@@ -66,7 +66,15 @@ signatures! {
     ///
     /// `base` holds `cap` bytes; `cursor` points to a `u64`; `ptrs` holds
     /// `n` pointers; `errors` points to two `u32`s.
-    fn bench::alloc_bump(base: *mut u8, cap: u64, cursor: *mut u64, n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32);
+    fn bench::alloc_bump(
+        base: *mut u8,
+        cap: u64,
+        cursor: *mut u64,
+        n: u32,
+        sz: u32,
+        ptrs: *mut *mut u8,
+        errors: *mut u32,
+    );
 
     /// `x[i] = x[i] * 2 + 1`: proves a launch runs and writes memory.
     ///
