@@ -195,16 +195,22 @@ impl DeviceHeap {
 
     /// Failed allocations and their bytes, ever (read from the device).
     pub fn shortfall(&self) -> Result<(u64, u64)> {
-        let mut c = [Counters::new()];
-        // SAFETY: Counters is #[repr(C)] integer atomics: any bytes are a
-        // valid value.
-        let bytes = unsafe { as_bytes_mut(&mut c) };
-        self.meta.read(self.layout.counters, bytes)?;
-        let c = &c[0];
+        let c = self.counters()?;
         Ok((
             c.failed_allocs.load(std::sync::atomic::Ordering::Relaxed),
             c.failed_bytes.load(std::sync::atomic::Ordering::Relaxed),
         ))
+    }
+
+    /// The heap's event counters, read from the device (synchronous).
+    fn counters(&self) -> Result<Counters> {
+        let mut c = [Counters::new()];
+        // SAFETY: Counters is #[repr(C)] integer atomics: any bytes the
+        // device holds are a valid value.
+        let bytes = unsafe { as_bytes_mut(&mut c) };
+        self.meta.read(self.layout.counters, bytes)?;
+        let [c] = c;
+        Ok(c)
     }
 
     fn short_of(&self, bytes: usize) -> Error {
@@ -266,13 +272,11 @@ impl DeviceHeap {
         // Pages past the mapped part are neither free nor in use.
         let n = self.capacity() / PAGE_SIZE;
         let mut descs: Vec<PageDesc> = (0..n).map(|_| PageDesc::new()).collect();
-        let mut counters = [Counters::new()];
-        // SAFETY: PageDesc and Counters are #[repr(C)] integer atomics:
-        // any bytes the device holds are valid values of them.
-        let (d, c) = unsafe { (as_bytes_mut(&mut descs), as_bytes_mut(&mut counters)) };
-        self.meta.read(self.layout.descs, d)?;
-        self.meta.read(self.layout.counters, c)?;
-        Ok(Stats::collect(&descs, &counters[0]))
+        // SAFETY: PageDesc is #[repr(C)] integer atomics: any bytes the
+        // device holds are a valid value.
+        let bytes = unsafe { as_bytes_mut(&mut descs) };
+        self.meta.read(self.layout.descs, bytes)?;
+        Ok(Stats::collect(&descs, &self.counters()?))
     }
 }
 

@@ -2,6 +2,7 @@
 //! memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
 //! `cuMemSetAccess`, `cuMemUnmap`) and cudarc's streams and events.
 
+use super::memory::{copy_from_device_on, copy_to_device_on};
 use crate::backend::Backend;
 use crate::error::{Context, Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
@@ -155,12 +156,9 @@ impl Backend for CudaBackend {
 
     unsafe fn copy_to_device(&self, dst: u64, src: &[u8], stream: &Arc<CudaStream>) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller guarantees the device range; `src` is borrowed
-        // until the stream is synchronised below (a pinned `src` is read by
-        // the copy engine after this call returns).
-        unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) }
-            .during("cuMemcpyHtoDAsync")?;
-        stream.synchronize().during("cuStreamSynchronize")
+        // SAFETY: the caller guarantees the device range; bytes have no
+        // uninitialised parts.
+        unsafe { copy_to_device_on(dst, src, stream) }
     }
 
     unsafe fn copy_from_device(
@@ -170,11 +168,9 @@ impl Backend for CudaBackend {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller guarantees the device range; `dst` is borrowed
-        // until the stream is synchronised below.
-        unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }
-            .during("cuMemcpyDtoHAsync")?;
-        stream.synchronize().during("cuStreamSynchronize")
+        // SAFETY: the caller guarantees the device range; any bytes are
+        // valid `u8`s.
+        unsafe { copy_from_device_on(dst, src, stream) }
     }
 
     fn free_memory(&self) -> usize {

@@ -126,11 +126,8 @@ impl DeviceMemory {
         let src = self.range(offset, std::mem::size_of_val(out))?;
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         // SAFETY: the range is inside this allocation; any bytes are a
-        // valid `T`; `out` stays borrowed until the stream has finished
-        // the copy (synchronised below).
-        unsafe { result::memcpy_dtoh_async(out, src, stream.cu_stream()) }
-            .during("cuMemcpyDtoHAsync")?;
-        stream.synchronize().during("cuStreamSynchronize")
+        // valid `T`.
+        unsafe { copy_from_device_on(out, src, stream) }
     }
 
     /// [`write`](Self::write) ordered on `stream`: after the work queued
@@ -143,11 +140,8 @@ impl DeviceMemory {
     ) -> Result<()> {
         let dst = self.range(offset, std::mem::size_of_val(data))?;
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-        // SAFETY: the range is inside this allocation; `data` stays
-        // borrowed until the stream has finished the copy (synchronised below).
-        unsafe { result::memcpy_htod_async(dst, data, stream.cu_stream()) }
-            .during("cuMemcpyHtoDAsync")?;
-        stream.synchronize().during("cuStreamSynchronize")
+        // SAFETY: the range is inside this allocation.
+        unsafe { copy_to_device_on(dst, data, stream) }
     }
 
     /// The device address of `len` bytes at `offset`, if they are inside
@@ -155,6 +149,42 @@ impl DeviceMemory {
     fn range(&self, offset: usize, len: usize) -> Result<u64> {
         range(self.ptr, self.bytes, offset, len)
     }
+}
+
+/// Copies `src` to device address `dst` after the work queued on
+/// `stream`, and waits for it: `src` stays borrowed until the copy engine
+/// is done with it (a pinned `src` is read after the call is queued).
+///
+/// # Safety
+///
+/// `dst..dst + size_of_val(src)` is device memory of the stream's context,
+/// which is current, and nothing else uses it meanwhile in stream order;
+/// `T` has no uninitialised bytes.
+pub(crate) unsafe fn copy_to_device_on<T>(dst: u64, src: &[T], stream: &CudaStream) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) }
+        .during("cuMemcpyHtoDAsync")?;
+    stream.synchronize().during("cuStreamSynchronize")
+}
+
+/// Copies device address `src` to `dst` after the work queued on
+/// `stream`, and waits: `dst` holds the values when this returns.
+///
+/// # Safety
+///
+/// `src..src + size_of_val(dst)` is device memory of the stream's context,
+/// which is current, that nothing writes meanwhile in stream order; its
+/// bytes are valid values of `T`.
+pub(crate) unsafe fn copy_from_device_on<T>(
+    dst: &mut [T],
+    src: u64,
+    stream: &CudaStream,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller; `dst` is borrowed until the
+    // stream is synchronised below.
+    unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }
+        .during("cuMemcpyDtoHAsync")?;
+    stream.synchronize().during("cuStreamSynchronize")
 }
 
 /// The address of `len` bytes at `offset` in `bytes` at `base`, if they

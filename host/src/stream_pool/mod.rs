@@ -476,8 +476,7 @@ impl<B: Backend> Pool<B> {
     }
 
     fn exhausted(&self, requested: usize) -> Error {
-        let s = self.stats();
-        let (_, largest) = self.free_space();
+        let (s, largest) = self.snapshot();
         Error::PoolExhausted {
             requested,
             reserved: s.reserved,

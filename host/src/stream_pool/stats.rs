@@ -65,6 +65,12 @@ impl<B: Backend> Pool<B> {
 
     /// A snapshot of the pool's state (O(mapped pages + streams)).
     pub fn stats(&self) -> PoolStats {
+        self.snapshot().0
+    }
+
+    /// [`Pool::stats`] and the largest free run of the mapped heap, from
+    /// one scan of the page map.
+    pub(super) fn snapshot(&self) -> (PoolStats, usize) {
         let mut cached_per_stream = Vec::new();
         let mut per_stream = [0u64; 4];
         let mut net = 0i64;
@@ -83,7 +89,7 @@ impl<B: Backend> Pool<B> {
             .forgotten_counts
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        PoolStats {
+        let stats = PoolStats {
             reserved: self.region.mapped(),
             in_use,
             peak_in_use: self.peak.load(Ordering::Relaxed).max(in_use),
@@ -100,6 +106,7 @@ impl<B: Backend> Pool<B> {
             grows: c(GROWS),
             flushes: c(FLUSHES),
             bad_frees: c(BAD),
-        }
+        };
+        (stats, largest)
     }
 }
