@@ -3,7 +3,8 @@
 //! call stops the run with its error: failures are not timed as work.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use cuheap::bench::host::{Alloc, Async};
+use cuheap::bench::host::Async;
+use cuheap::host::Resource;
 use cuheap::host::{Pool, PoolConfig};
 
 fn bench(c: &mut Criterion) {
@@ -29,8 +30,8 @@ fn bench(c: &mut Criterion) {
             &size,
             |b, &size| {
                 b.iter(|| {
-                    let p = Async.alloc(size, &s).expect("cuMemAllocAsync");
-                    Async.free(p, &s).expect("cuMemFreeAsync");
+                    let p = Async.allocate(size, &s).expect("cuMemAllocAsync");
+                    Async.deallocate(p, &s).expect("cuMemFreeAsync");
                 })
             },
         );

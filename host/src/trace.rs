@@ -17,7 +17,9 @@ pub trait Resource: Send + Sync {
     fn allocate(&self, size: usize, stream: &Self::Stream) -> Result<u64>;
     fn deallocate(&self, ptr: u64, stream: &Self::Stream) -> Result<()>;
     /// The number written in a trace's `Stream` column.
-    fn stream_id(stream: &Self::Stream) -> usize;
+    fn stream_id(stream: &Self::Stream) -> usize
+    where
+        Self: Sized;
 }
 
 impl<B: Backend> Resource for Pool<B> {

@@ -6,7 +6,7 @@
 //! A failed call stops a latency case with its error; the threaded cases
 //! count only completed pairs and report failed calls in `failures`.
 
-use crate::host::{Pool, PoolConfig};
+use crate::host::{Backend, CudaBackend, Pool, PoolConfig, Resource};
 use crate::kernels::Bench;
 use crate::{DevicePtr, Error, Gpu, LaunchConfig, Result};
 use cudarc::driver::{result, sys, CudaStream};
@@ -45,11 +45,10 @@ pub struct HostReport {
     pub throughput: Vec<Throughput>,
 }
 
-/// The three allocators behind one interface.
-pub trait Alloc: Sync {
+/// The three allocators behind one interface: the host crate's
+/// [`Resource`] (what the trace adaptor wraps too), with a name.
+pub trait Alloc: Resource<Stream = Arc<CudaStream>> {
     fn name(&self) -> &'static str;
-    fn alloc(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64>;
-    fn free(&self, p: u64, s: &Arc<CudaStream>) -> Result<()>;
 }
 
 fn driver(what: &'static str, r: sys::CUresult) -> Result<()> {
@@ -57,33 +56,37 @@ fn driver(what: &'static str, r: sys::CUresult) -> Result<()> {
 }
 
 pub(crate) struct Sync_;
-impl Alloc for Sync_ {
-    fn name(&self) -> &'static str {
-        "cudaMalloc"
-    }
-    fn alloc(&self, size: usize, _: &Arc<CudaStream>) -> Result<u64> {
-        // SAFETY: plain allocation, freed by `free`.
+impl Resource for Sync_ {
+    type Stream = Arc<CudaStream>;
+    fn allocate(&self, size: usize, _: &Arc<CudaStream>) -> Result<u64> {
+        // SAFETY: plain allocation, freed by `deallocate`.
         unsafe { result::malloc_sync(size) }.map_err(|source| Error::Driver {
             what: "cuMemAlloc",
             source,
         })
     }
-    fn free(&self, p: u64, _: &Arc<CudaStream>) -> Result<()> {
+    fn deallocate(&self, p: u64, _: &Arc<CudaStream>) -> Result<()> {
         // SAFETY: `p` came from cuMemAlloc.
         unsafe { result::free_sync(p) }.map_err(|source| Error::Driver {
             what: "cuMemFree",
             source,
         })
     }
+    fn stream_id(s: &Arc<CudaStream>) -> usize {
+        CudaBackend::stream_id(s)
+    }
+}
+impl Alloc for Sync_ {
+    fn name(&self) -> &'static str {
+        "cudaMalloc"
+    }
 }
 
 /// `cuMemAllocAsync`/`cuMemFreeAsync` on the current context's device.
 pub struct Async;
-impl Alloc for Async {
-    fn name(&self) -> &'static str {
-        "cudaMallocAsync"
-    }
-    fn alloc(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64> {
+impl Resource for Async {
+    type Stream = Arc<CudaStream>;
+    fn allocate(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64> {
         let mut p = 0;
         // SAFETY: out-parameter; stream-ordered allocation on a live stream.
         driver("cuMemAllocAsync", unsafe {
@@ -91,23 +94,25 @@ impl Alloc for Async {
         })?;
         Ok(p)
     }
-    fn free(&self, p: u64, s: &Arc<CudaStream>) -> Result<()> {
+    fn deallocate(&self, p: u64, s: &Arc<CudaStream>) -> Result<()> {
         // SAFETY: `p` came from cuMemAllocAsync.
         driver("cuMemFreeAsync", unsafe {
             sys::cuMemFreeAsync(p, s.cu_stream())
         })
+    }
+    fn stream_id(s: &Arc<CudaStream>) -> usize {
+        CudaBackend::stream_id(s)
+    }
+}
+impl Alloc for Async {
+    fn name(&self) -> &'static str {
+        "cudaMallocAsync"
     }
 }
 
 impl Alloc for Pool {
     fn name(&self) -> &'static str {
         "cuheap pool"
-    }
-    fn alloc(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64> {
-        Pool::alloc(self, size, s)
-    }
-    fn free(&self, p: u64, s: &Arc<CudaStream>) -> Result<()> {
-        Pool::free(self, p, s)
     }
 }
 
@@ -148,16 +153,16 @@ pub(crate) fn warm_async_pool(gpu: &Gpu) -> Result<()> {
 fn single_size(a: &dyn Alloc, s: &Arc<CudaStream>, size: usize, n: usize) -> Result<Latency> {
     // Warm-up: the first calls map memory.
     for _ in 0..8 {
-        let p = a.alloc(size, s)?;
-        a.free(p, s)?;
+        let p = a.allocate(size, s)?;
+        a.deallocate(p, s)?;
     }
     let (mut ta, mut tf) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..n {
         let t = Instant::now();
-        let p = a.alloc(size, s)?;
+        let p = a.allocate(size, s)?;
         ta.push(us(t));
         let t = Instant::now();
-        a.free(p, s)?;
+        a.deallocate(p, s)?;
         tf.push(us(t));
     }
     Ok(Latency {
@@ -189,14 +194,14 @@ fn mixed(a: &dyn Alloc, s: &Arc<CudaStream>) -> Result<Latency> {
         let mut live = Vec::with_capacity(sizes.len());
         for &sz in &sizes {
             let t = Instant::now();
-            live.push(a.alloc(sz, s)?);
+            live.push(a.allocate(sz, s)?);
             if round > 0 {
                 ta.push(us(t));
             }
         }
         for p in live {
             let t = Instant::now();
-            a.free(p, s)?;
+            a.deallocate(p, s)?;
             if round > 0 {
                 tf.push(us(t));
             }
@@ -241,20 +246,20 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
                 barrier.wait();
                 for _ in 0..pairs {
                     let sz = 256 + (xorshift(&mut rng) % (64 << 10)) as usize;
-                    match a.alloc(sz, s) {
+                    match a.allocate(sz, s) {
                         Ok(p) => live.push(p),
                         Err(_) => failures += 1,
                     }
                     if live.len() >= 64 {
                         let i = (xorshift(&mut rng) as usize) % live.len();
-                        match a.free(live.swap_remove(i), s) {
+                        match a.deallocate(live.swap_remove(i), s) {
                             Ok(()) => completed += 1,
                             Err(_) => failures += 1,
                         }
                     }
                 }
                 for p in live {
-                    match a.free(p, s) {
+                    match a.deallocate(p, s) {
                         Ok(()) => completed += 1,
                         Err(_) => failures += 1,
                     }
@@ -295,7 +300,7 @@ fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> 
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
     for i in 0..iters + 8 {
         let t = Instant::now();
-        let p = a.alloc(1 << 20, &sa)?;
+        let p = a.allocate(1 << 20, &sa)?;
         let dt_a = us(t);
         // SAFETY: the block holds `words` u32s and is freed on the same
         // stream after the kernel.
@@ -309,10 +314,10 @@ fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> 
             )?
         };
         let t = Instant::now();
-        a.free(p, &sa)?;
+        a.deallocate(p, &sa)?;
         let dt_f = us(t);
         let t = Instant::now();
-        let q = a.alloc(1 << 20, &sb)?;
+        let q = a.allocate(1 << 20, &sb)?;
         let dt_b = us(t);
         // SAFETY: as above, on B.
         unsafe {
@@ -324,7 +329,7 @@ fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> 
                 0,
             )?
         };
-        a.free(q, &sb)?;
+        a.deallocate(q, &sb)?;
         if i >= 8 {
             ta.push(dt_a + dt_b);
             tf.push(dt_f);

@@ -46,17 +46,17 @@ fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayR
         match e.action {
             Action::Allocate => {
                 let t = Instant::now();
-                let p = a.alloc(e.size.max(1), &s)?;
+                let p = a.allocate(e.size.max(1), &s)?;
                 ta.push(us(t));
                 if let Some((old, sid)) = live.insert(e.ptr, (p, e.stream)) {
                     // The trace reused a pointer it never freed: free ours.
-                    a.free(old, streams.get(&sid).unwrap_or(&s))?;
+                    a.deallocate(old, streams.get(&sid).unwrap_or(&s))?;
                 }
             }
             Action::Free => {
                 if let Some((p, _)) = live.remove(&e.ptr) {
                     let t = Instant::now();
-                    a.free(p, &s)?;
+                    a.deallocate(p, &s)?;
                     tf.push(us(t));
                 }
             }
@@ -66,7 +66,7 @@ fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayR
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
     for (_, (p, sid)) in live {
         if let Some(s) = streams.get(&sid) {
-            a.free(p, s)?;
+            a.deallocate(p, s)?;
         }
     }
     for s in streams.values() {
