@@ -45,6 +45,7 @@ fn main() {
         "core/src",
         "core/Cargo.toml",
         "src/bench/workload.rs",
+        "src/spgemm/problem.rs",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }

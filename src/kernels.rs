@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::spgemm::problem::Problem;
 use cuheap_host::HeapHandle;
 
 macro_rules! signatures {

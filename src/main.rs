@@ -20,6 +20,9 @@ struct Cli {
 enum Command {
     /// The GPU, driver, CUDA version and the embedded PTX's functions and kernels.
     Info,
+    /// Demonstrations on real workloads.
+    #[command(subcommand)]
+    Demo(Demo),
     /// Replays an alloc/free trace in RAPIDS RMM's CSV format
     /// (`Thread,Time,Action,Pointer,Size,Stream`) against the cuheap pool
     /// and cudaMallocAsync.
@@ -59,6 +62,35 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum Demo {
+    /// Sparse matrix products C = A x B whose rows are allocated in the
+    /// kernel, against cuSPARSE, a two-pass kernel and CUDA's device malloc;
+    /// every result checked against the CPU reference.
+    Spgemm {
+        /// Inputs: rmat:SCALE:EDGES, stencil2d:N, stencil3d:N,
+        /// banded:N:HALF, uniform:N:K, mtx:PATH; `:t` after one for A x A^T.
+        #[arg(long, value_delimiter = ',')]
+        inputs: Option<Vec<String>>,
+        /// Timed runs per method (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write the time chart (SVG) here, and the memory chart beside it
+        /// as `<name>-memory.svg`.
+        #[arg(long)]
+        chart: Option<PathBuf>,
+        /// Skip CUDA's device malloc (slow on millions of rows).
+        #[arg(long)]
+        no_malloc: bool,
+        /// Skip cuSPARSE.
+        #[arg(long)]
+        no_cusparse: bool,
+    },
+}
+
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
 enum Which {
     All,
@@ -80,6 +112,57 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Info => info(),
+        Command::Demo(Demo::Spgemm {
+            inputs,
+            reps,
+            json,
+            chart,
+            no_malloc,
+            no_cusparse,
+        }) => {
+            use cuheap::bench::spgemm as demo;
+            let mut cfg = demo::Config {
+                reps: reps.max(1),
+                cusparse: !no_cusparse,
+                malloc: !no_malloc,
+                ..demo::Config::default()
+            };
+            if let Some(list) = inputs {
+                cfg.inputs = list
+                    .iter()
+                    .map(|s| demo::Input::parse(s))
+                    .collect::<Result<_, _>>()?;
+            }
+            let gpu = cuheap::spgemm::gpu::open_gpu()?;
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
+            let t0 = std::time::Instant::now();
+            let r = demo::run(&gpu, &cfg, |step| {
+                // The log (stderr) keeps every step, with the time so far.
+                eprintln!("[{:7.1} s] {step}", t0.elapsed().as_secs_f64());
+                bar.set_message(step.to_string())
+            })?;
+            bar.finish_and_clear();
+            println!("## Sparse matrix products (SpGEMM)\n");
+            println!("{}", demo::table(&r));
+            if let Some(path) = json {
+                std::fs::write(path, serde_json::to_string_pretty(&r)?)?;
+            }
+            if let Some(path) = chart {
+                let (time, memory) = demo::svgs(&r);
+                let mem_path = path.with_file_name(format!(
+                    "{}-memory.svg",
+                    path.file_stem().and_then(|s| s.to_str()).unwrap_or("chart")
+                ));
+                std::fs::write(&path, time)?;
+                std::fs::write(mem_path, memory)?;
+            }
+            let failures = r.failures();
+            if !failures.is_empty() {
+                return Err(format!("cuheap methods failed:\n  {}", failures.join("\n  ")).into());
+            }
+            Ok(())
+        }
         Command::Replay { trace, json } => {
             let text = std::fs::read_to_string(&trace)?;
             let events = cuheap::host::read_trace(&text)?;

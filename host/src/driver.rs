@@ -188,6 +188,12 @@ impl Gpu {
         DeviceMemory::alloc_zeroed(&self.ctx, bytes)
     }
 
+    /// Allocates `bytes` of device memory (`cuMemAlloc`) without clearing
+    /// it: for buffers a kernel writes before anything reads them.
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
+        DeviceMemory::alloc(&self.ctx, bytes)
+    }
+
     /// Sets CUDA's own device-heap size (`cuCtxSetLimit`); only effective
     /// before the first kernel that calls `malloc`.
     pub fn set_malloc_heap_size(&self, bytes: usize) -> Result<()> {

@@ -38,6 +38,11 @@ pub enum Error {
         largest_free: usize,
         limit: usize,
     },
+    #[error(
+        "a kernel's device heap ran out: {failed} allocations failed ({bytes} bytes short); \
+         grow the heap (DeviceHeap::growable, reserve) and run it again"
+    )]
+    DeviceHeapExhausted { failed: u64, bytes: u64 },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("kernel `{0}` is not in the loaded PTX")]

@@ -23,7 +23,18 @@ extern "C" {
     fn nvvm_nctaid_x() -> u32;
     #[link_name = "llvm.nvvm.membar.gl"]
     fn nvvm_membar_gl();
+    #[link_name = "llvm.nvvm.shfl.sync.up.i32"]
+    fn nvvm_shfl_up(mask: u32, v: i32, delta: i32, clamp: i32) -> i32;
+    #[link_name = "llvm.nvvm.bar.warp.sync"]
+    fn nvvm_bar_warp_sync(mask: u32);
+    #[link_name = "llvm.nvvm.barrier0"]
+    fn nvvm_barrier0();
 }
+
+// The block's dynamic shared memory (the launch's `shared_bytes`), declared
+// once for the module, as CUDA C++'s `extern __shared__` arrays are.
+#[cfg(feature = "bench")]
+core::arch::global_asm!(".extern .shared .align 16 .b8 cuheap_dynamic_shared[];");
 
 /// Lanes of the calling warp that are executing this instruction: a mask
 /// that the `.sync` operations below may take, on a path all of those
@@ -101,6 +112,101 @@ pub fn grid_threads() -> u32 {
 pub fn fence_gpu() {
     // SAFETY: a memory barrier has no other effect.
     unsafe { nvvm_membar_gl() }
+}
+
+/// Thread index in the block (x).
+#[inline(always)]
+pub fn thread_in_block() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvvm_tid_x() }
+}
+
+/// Threads per block (x).
+#[inline(always)]
+pub fn block_threads() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvvm_ntid_x() }
+}
+
+/// Block index (x).
+#[inline(always)]
+pub fn block_index() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvvm_ctaid_x() }
+}
+
+/// Blocks in the grid (x).
+#[inline(always)]
+pub fn grid_blocks() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvvm_nctaid_x() }
+}
+
+/// `v` of the lane `delta` below the caller (its own `v` for the lowest
+/// `delta` lanes), for every lane of `mask` (`shfl.sync.up`).
+///
+/// # Safety
+///
+/// As for [`match_any`].
+#[inline(always)]
+pub unsafe fn shfl_up(mask: u32, v: u32, delta: u32) -> u32 {
+    // SAFETY: forwarded from the caller.
+    unsafe { nvvm_shfl_up(mask, v as i32, delta as i32, 0) as u32 }
+}
+
+/// Waits for every lane of `mask` and orders their memory accesses
+/// (`bar.warp.sync`, CUDA's `__syncwarp`).
+///
+/// # Safety
+///
+/// Every lane of `mask` executes this same call.
+#[inline(always)]
+pub unsafe fn sync_warp(mask: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { nvvm_bar_warp_sync(mask) }
+}
+
+/// Waits for every thread of the block and orders their memory accesses
+/// (`bar.sync 0`, CUDA's `__syncthreads`).
+///
+/// # Safety
+///
+/// Every thread of the block executes this same call.
+#[inline(always)]
+pub unsafe fn sync_block() {
+    // SAFETY: forwarded from the caller.
+    unsafe { nvvm_barrier0() }
+}
+
+/// Generic address of the block's dynamic shared memory: as many bytes as
+/// the launch gave (`shared_bytes`), 16-byte aligned.
+#[cfg(feature = "bench")]
+#[inline(always)]
+pub fn dynamic_shared() -> *mut u8 {
+    let p: u64;
+    // SAFETY: converts the address of the module's shared array; no
+    // memory is accessed.
+    unsafe { core::arch::asm!("cvta.shared.u64 {p}, cuheap_dynamic_shared;", p = out(reg64) p) };
+    p as *mut u8
+}
+
+/// `*p += v` as one atomic operation whose result is not needed
+/// (`red.add.f64`); `p` may be in global or shared memory.
+///
+/// # Safety
+///
+/// `p` is a valid, 8-byte aligned `f64` that others access only atomically
+/// while this runs.
+#[inline(always)]
+pub unsafe fn atomic_add_f64(p: *mut f64, v: f64) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .f64 t; mov.b64 t, {v}; red.relaxed.gpu.add.f64 [{p}], t; }}",
+            p = in(reg64) p,
+            v = in(reg64) v.to_bits(),
+        )
+    };
 }
 
 /// Nanoseconds of the GPU's global timer.

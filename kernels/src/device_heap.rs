@@ -97,6 +97,32 @@ pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
     result
 }
 
+/// [`dev_alloc`] for one thread on its own, without the warp-cooperative
+/// path: for code where one thread allocates for its whole group (smaller
+/// code, fewer registers). The same results and counts.
+///
+/// # Safety
+///
+/// `h` describes a live heap.
+#[inline(always)]
+pub unsafe fn dev_alloc_single(h: &HeapHandle, size: usize) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    let heap = unsafe { view(h) };
+    heap.alloc(size, smid()).unwrap_or(core::ptr::null_mut())
+}
+
+/// [`dev_free`] for one thread on its own (see [`dev_alloc_single`]).
+///
+/// # Safety
+///
+/// `h` describes a live heap.
+#[inline(always)]
+pub unsafe fn dev_free_single(h: &HeapHandle, ptr: *mut u8) {
+    // SAFETY: forwarded from the caller.
+    let heap = unsafe { view(h) };
+    let _ = heap.free(ptr, smid());
+}
+
 /// Frees a block from any thread. Null is a no-op; foreign, interior and
 /// double frees are counted in the heap's `bad_frees` and change nothing.
 ///

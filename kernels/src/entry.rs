@@ -4,6 +4,7 @@
 //! once; a body in [`crate::bench`] or [`crate::checks`] whose parameters
 //! differ from its line in the table does not compile.
 
+use crate::spgemm::Problem;
 use cuheap_core::HeapHandle;
 
 macro_rules! signatures {

@@ -16,6 +16,7 @@
 //! - [`c_abi`]: `cuheap_malloc`/`cuheap_free` for CUDA C/C++.
 //! - [`bench`]: benchmark kernel bodies (cuheap, CUDA's malloc, a bump ceiling).
 //! - [`checks`]: test kernel bodies (conformance, fill-and-check, stress).
+//! - [`spgemm`]: sparse matrix products whose rows are allocated in the kernel.
 //! - [`entry`]: the `.entry` points of `bench` and `checks`.
 #![no_std]
 #![feature(stdarch_nvptx, link_llvm_intrinsics, asm_experimental_arch)]
@@ -37,6 +38,8 @@ pub mod checks;
 pub mod device_heap;
 #[cfg(feature = "bench")]
 pub mod entry;
+#[cfg(feature = "bench")]
+pub mod spgemm;
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {

@@ -159,4 +159,90 @@ signatures! {
     ///
     /// `x` holds `n` values; `errors` points to a `u32`.
     fn checks::check_fill(x: *mut u32, n: u32, expect: u32, value: u32, errors: *mut u32);
+
+    /// SpGEMM: per row, the bound on its nonzeros, rows per bin, products.
+    /// Whole warps.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs` for `problem`.
+    fn spgemm::spgemm_analyse(problem: *const Problem);
+
+    /// SpGEMM: groups the rows by bin (after `spgemm_analyse`).
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_analyse`.
+    fn spgemm::spgemm_place(problem: *const Problem);
+
+    /// SpGEMM, symbolic pass over the rows of `bin`: nonzeros per row.
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_analyse`; the shape of the bin's launch.
+    fn spgemm::spgemm_count(problem: *const Problem, bin: u32);
+
+    /// SpGEMM, numeric pass over the rows of `bin`, into C.
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_count`, after the scan and with C allocated.
+    fn spgemm::spgemm_numeric(problem: *const Problem, bin: u32);
+
+    /// SpGEMM in one pass over the rows of `bin`: each row's output
+    /// allocated from `heap` (a block per row, or chunks of `chunk` bytes).
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_count`; `heap` stays live until the kernel ends.
+    fn spgemm::spgemm_cuheap(heap: HeapHandle, problem: *const Problem, bin: u32, chunk: u32);
+
+    /// `spgemm_cuheap` on CUDA's device `malloc`.
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_count`.
+    fn spgemm::spgemm_malloc(problem: *const Problem, bin: u32);
+
+    /// SpGEMM scan, step 1: nonzeros per tile into `sums`.
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_analyse`; `sums` holds a word per block.
+    fn spgemm::spgemm_scan_tiles(problem: *const Problem, sums: *mut u64);
+
+    /// SpGEMM scan, step 2 (one block): exclusive scan of `n` sums, total at `sums[n]`.
+    ///
+    /// # Safety
+    ///
+    /// `sums` holds `n + 1` words.
+    fn spgemm::spgemm_scan_sums(sums: *mut u64, n: u32);
+
+    /// SpGEMM scan, step 3: C's offsets.
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_scan_tiles`, after `spgemm_scan_sums`.
+    fn spgemm::spgemm_scan_apply(problem: *const Problem, sums: *const u64);
+
+    /// SpGEMM, one pass: copies every row's block into C. Whole warps.
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_analyse`, with C's offsets scanned and its arrays allocated.
+    fn spgemm::spgemm_compact(problem: *const Problem);
+
+    /// SpGEMM, one pass: frees the rows' blocks to `heap` (after `spgemm_compact`).
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_analyse`; `heap` is the heap the rows came from.
+    fn spgemm::spgemm_free_cuheap(heap: HeapHandle, problem: *const Problem);
+
+    /// `spgemm_free_cuheap` for `spgemm_malloc`.
+    ///
+    /// # Safety
+    ///
+    /// As for `spgemm_analyse`.
+    fn spgemm::spgemm_free_malloc(problem: *const Problem);
 }

@@ -9,6 +9,7 @@ pub mod device;
 pub mod host;
 pub mod replay;
 pub mod report;
+pub mod spgemm;
 pub mod workload;
 
 /// Median of a non-empty sample (the mean of the middle two for even sizes).

@@ -130,7 +130,9 @@ pub fn bar_chart(
     series: &[&str],
     groups: &[(String, Vec<Option<f64>>)],
 ) -> String {
-    const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"];
+    const COLORS: [&str; 6] = [
+        "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c", "#ff7f0e", "#9467bd",
+    ];
     let values = groups.iter().flat_map(|g| g.1.iter().flatten().copied());
     let (min, max) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let (lo, hi) = if min > max {

@@ -16,11 +16,16 @@
 //! All of it is host code with no dependency beyond `std` and `thiserror`.
 
 pub mod csr;
+pub mod cusparse;
+pub mod device;
 pub mod gen;
+pub mod gpu;
 pub mod mtx;
+pub mod problem;
 pub mod reference;
 
 pub use csr::{Csr, CsrError};
+pub use device::DeviceCsr;
 pub use gen::Rng;
 pub use mtx::{read_mtx, read_mtx_str, MtxError, MtxErrorKind};
 pub use reference::{compare, count_products, multiply, multiply_transpose, Mismatch, Product};

@@ -23,6 +23,13 @@ pub struct DeviceMemory {
 impl DeviceMemory {
     /// `bytes` of device memory in `ctx`, zeroed.
     pub(crate) fn alloc_zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceMemory> {
+        let mem = DeviceMemory::alloc(ctx, bytes)?;
+        mem.zero()?;
+        Ok(mem)
+    }
+
+    /// `bytes` of device memory in `ctx`, contents undefined.
+    pub(crate) fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceMemory> {
         ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         // SAFETY: plain allocation; the pointer is owned by DeviceMemory.
         let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| {
@@ -40,13 +47,11 @@ impl DeviceMemory {
                 }
             }
         })?;
-        let mem = DeviceMemory {
+        Ok(DeviceMemory {
             ptr,
             bytes,
             ctx: ctx.clone(),
-        };
-        mem.zero()?;
-        Ok(mem)
+        })
     }
 
     /// The device address.

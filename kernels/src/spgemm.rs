@@ -1,0 +1,1147 @@
+//! Sparse matrix products C = A x B (CSR, `f64`), row by row, Gustavson's
+//! way, with the output of each row allocated where the method says:
+//!
+//! - two-pass: [`spgemm_count`] the nonzeros of every row (symbolic pass), scan,
+//!   then [`spgemm_numeric`] writes each row into C at its offset;
+//! - one pass: [`spgemm_cuheap`] (or [`malloc`], CUDA's device heap) computes each
+//!   row and allocates its output as soon as it knows its size, then
+//!   [`spgemm_compact`] copies the rows into C and [`spgemm_free_cuheap`] frees them.
+//!
+//! Every method shares the same row kernels, so they differ only in where
+//! the output goes. Rows are first binned by a bound on their nonzeros
+//! ([`spgemm_analyse`], [`spgemm_place`]): a warp per short row and a block per medium
+//! row accumulate in a hash table in shared memory, compact and sort it;
+//! a block per long row accumulates in a dense array (a value and a bit per
+//! column) and reads it out in column order. Rows come out sorted.
+//!
+//! Contract of every kernel here (`problem` is a [`Problem`] in device
+//! memory): its arrays are valid for what the kernel reads and writes, as
+//! the field documentation says, until the kernel ends; the launch shapes
+//! are those of `problem.rs` (`HASH_BLOCK` threads and `HASH_SHARED` bytes
+//! of dynamic shared memory for the hash bins, `DENSE_BLOCK` and
+//! `DENSE_SHARED` for the dense one, any 1-D shape for the others).
+
+#[path = "../../src/spgemm/problem.rs"]
+mod problem;
+
+use crate::arch::{
+    activemask, atomic_add_f64, block_index, block_threads, dynamic_shared, global_thread,
+    grid_blocks, grid_threads, laneid, match_any, shfl, shfl_up, sync_block, sync_warp,
+    thread_in_block,
+};
+use crate::device_heap::{dev_alloc_single, dev_free, dev_free_single};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use cuheap_core::HeapHandle;
+pub use problem::*;
+
+const EMPTY: u32 = u32::MAX;
+const FULL: u32 = u32::MAX;
+
+extern "C" {
+    /// CUDA's device heap (linked by the driver).
+    fn malloc(size: usize) -> *mut u8;
+    fn free(ptr: *mut u8);
+}
+
+/// # Safety
+///
+/// `a` is a device address of at least `i + 1` `T`s.
+#[inline(always)]
+unsafe fn at<T: Copy>(a: u64, i: u64) -> T {
+    // SAFETY: forwarded from the caller.
+    unsafe { (a as *const T).add(i as usize).read() }
+}
+
+/// # Safety
+///
+/// As for [`at`], writable.
+#[inline(always)]
+unsafe fn put<T>(a: u64, i: u64, v: T) {
+    // SAFETY: forwarded from the caller.
+    unsafe { (a as *mut T).add(i as usize).write(v) }
+}
+
+/// # Safety
+///
+/// `a` is a device address of at least `i + 1` `u32`s accessed atomically.
+#[inline(always)]
+unsafe fn atomic_u32<'a>(a: u64, i: u64) -> &'a AtomicU32 {
+    // SAFETY: forwarded from the caller.
+    unsafe { AtomicU32::from_ptr((a as *mut u32).add(i as usize)) }
+}
+
+/// # Safety
+///
+/// As for [`atomic_u32`], `u64`s.
+#[inline(always)]
+unsafe fn atomic_u64<'a>(a: u64, i: u64) -> &'a AtomicU64 {
+    // SAFETY: forwarded from the caller.
+    unsafe { AtomicU64::from_ptr((a as *mut u64).add(i as usize)) }
+}
+
+// ---------------------------------------------------------------------------
+// Binning
+
+/// Sum of `v` over the full warp (every lane calls it).
+///
+/// # Safety
+///
+/// All 32 lanes of the warp execute this call.
+#[inline(always)]
+unsafe fn warp_sum_u64(v: u64) -> u64 {
+    let (mut lo, mut hi) = (v as u32, (v >> 32) as u32);
+    let mut d = 16;
+    while d > 0 {
+        // SAFETY: forwarded from the caller: every lane runs every step.
+        let (l, h) = unsafe { (shfl(FULL, lo, laneid() ^ d), shfl(FULL, hi, laneid() ^ d)) };
+        let (s, carry) = lo.overflowing_add(l);
+        lo = s;
+        hi = hi.wrapping_add(h).wrapping_add(carry as u32);
+        d /= 2;
+    }
+    (hi as u64) << 32 | lo as u64
+}
+
+/// Per row: the bound on its nonzeros (`row_bound`), the count of rows
+/// per bin, and the intermediate products of the whole product. Launch
+/// whole warps: every lane takes part in the warp sums.
+///
+/// # Safety
+///
+/// See the module documentation; `bins` and `status` start at zero.
+pub unsafe fn spgemm_analyse(problem: *const Problem) {
+    // SAFETY: the launch's contract.
+    let p = unsafe { &*problem };
+    let mut row = global_thread() as u64;
+    let stride = grid_threads() as u64;
+    let rounds = p.rows.div_ceil(stride);
+    for _ in 0..rounds {
+        let mut products = 0u64;
+        if row < p.rows {
+            // SAFETY: row < rows: A's offsets hold rows + 1 values, B's
+            // offsets one per column of A plus one.
+            unsafe {
+                for j in at::<u64>(p.a_offsets, row)..at::<u64>(p.a_offsets, row + 1) {
+                    let k = at::<u32>(p.a_cols, j) as u64;
+                    products += at::<u64>(p.b_offsets, k + 1) - at::<u64>(p.b_offsets, k);
+                }
+            }
+            let bound = products.min(p.cols) as u32;
+            // SAFETY: row < rows.
+            unsafe { put(p.row_bound, row, bound) };
+            let bin = bin_of(bound);
+            // SAFETY: the lanes with a row run this together.
+            let peers = unsafe { match_any(activemask(), bin) };
+            if laneid() == peers.trailing_zeros() {
+                // SAFETY: bins holds BINS counters.
+                unsafe { atomic_u32(p.bins, bin as u64) }.fetch_add(peers.count_ones(), Relaxed);
+            }
+        }
+        // SAFETY: every lane of the warp runs every round.
+        let sum = unsafe { warp_sum_u64(products) };
+        if laneid() == 0 && sum > 0 {
+            // SAFETY: status holds STATUS_WORDS words.
+            unsafe { atomic_u64(p.status, STATUS_PRODUCTS as u64) }.fetch_add(sum, Relaxed);
+        }
+        row += stride;
+    }
+}
+
+/// Index in `bin_rows` of the first row of `bin`.
+///
+/// # Safety
+///
+/// `p.bins` holds the counts of [`spgemm_analyse`].
+#[inline(always)]
+unsafe fn bin_base(p: &Problem, bin: u32) -> u64 {
+    let mut base = 0u64;
+    for b in 0..bin {
+        // SAFETY: b < BINS.
+        base += unsafe { at::<u32>(p.bins, b as u64) } as u64;
+    }
+    base
+}
+
+/// Per row: writes the row into its bin's part of `bin_rows` (in any
+/// order). Runs after [`spgemm_analyse`].
+///
+/// # Safety
+///
+/// See the module documentation; the cursors (`bins[BINS..]`) start at 0.
+pub unsafe fn spgemm_place(problem: *const Problem) {
+    // SAFETY: the launch's contract.
+    let p = unsafe { &*problem };
+    let mut row = global_thread() as u64;
+    while row < p.rows {
+        // SAFETY: row < rows.
+        let bin = bin_of(unsafe { at::<u32>(p.row_bound, row) });
+        if bin != BIN_EMPTY {
+            // SAFETY: the lanes here run this together; bins holds
+            // 2 x BINS words; the slot is below the bin's count.
+            unsafe {
+                let peers = match_any(activemask(), bin);
+                let leader = peers.trailing_zeros();
+                let mut first = 0;
+                if laneid() == leader {
+                    first = atomic_u32(p.bins, (BINS as u32 + bin) as u64)
+                        .fetch_add(peers.count_ones(), Relaxed);
+                }
+                let first = shfl(peers, first, leader);
+                let rank = (peers & ((1u32 << laneid()) - 1)).count_ones();
+                put(
+                    p.bin_rows,
+                    bin_base(p, bin) + (first + rank) as u64,
+                    row as u32,
+                );
+            }
+        }
+        row += grid_threads() as u64;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Where a row's output goes
+
+/// Where the leader of a row's group is told to write the row.
+enum Place {
+    /// Nowhere (counting, or an empty row).
+    Nothing,
+    /// `n` values here and `n` columns there.
+    To(*mut f64, *mut u32),
+    /// The output could not be allocated: the row is counted as failed.
+    Failed,
+}
+
+/// Records that `row` has no output because memory for it could not be
+/// allocated: no nonzeros, no block, and one more failed row.
+///
+/// # Safety
+///
+/// `row < p.rows`; `p` as in the module documentation.
+unsafe fn fail(p: &Problem, row: u64) -> Place {
+    // SAFETY: forwarded; status holds STATUS_WORDS words.
+    unsafe {
+        put(p.row_nnz, row, 0u32);
+        if p.row_blocks != 0 {
+            put(p.row_blocks, row, 0u64);
+        }
+        atomic_u64(p.status, STATUS_FAILED_ROWS as u64).fetch_add(1, Relaxed);
+    }
+    Place::Failed
+}
+
+/// A method: what the row kernels do with a finished row.
+trait Output {
+    /// Whether the values are computed (else only the pattern).
+    const NUMERIC: bool;
+    /// Called by one thread per row with its nonzeros `n`.
+    ///
+    /// # Safety
+    ///
+    /// `row < p.rows`; `p` as in the module documentation.
+    unsafe fn place(&mut self, p: &Problem, row: u64, n: u32) -> Place;
+    /// The dense accumulator of this block (`bytes`), or null. Called by
+    /// thread 0 of the block.
+    ///
+    /// # Safety
+    ///
+    /// As for `place`.
+    unsafe fn scratch(&mut self, p: &Problem, bytes: u64) -> *mut u8;
+    /// Gives back what `scratch` returned.
+    ///
+    /// # Safety
+    ///
+    /// `s` came from `scratch` of the same method in this kernel.
+    unsafe fn release(&mut self, s: *mut u8);
+}
+
+/// The symbolic pass: records each row's nonzeros.
+struct Count;
+
+impl Output for Count {
+    const NUMERIC: bool = false;
+    unsafe fn place(&mut self, p: &Problem, row: u64, n: u32) -> Place {
+        // SAFETY: row < rows.
+        unsafe { put(p.row_nnz, row, n) };
+        Place::Nothing
+    }
+    unsafe fn scratch(&mut self, p: &Problem, _bytes: u64) -> *mut u8 {
+        (p.scratch + block_index() as u64 * p.scratch_stride) as *mut u8
+    }
+    unsafe fn release(&mut self, _s: *mut u8) {}
+}
+
+/// The numeric pass: each row at its offset in C.
+struct Csr;
+
+impl Output for Csr {
+    const NUMERIC: bool = true;
+    unsafe fn place(&mut self, p: &Problem, row: u64, _n: u32) -> Place {
+        // SAFETY: row < rows; C's offsets were scanned from the counts.
+        let off = unsafe { at::<u64>(p.c_offsets, row) } as usize;
+        // SAFETY: C holds nnz entries, this row's from `off`.
+        unsafe {
+            Place::To(
+                (p.c_vals as *mut f64).add(off),
+                (p.c_cols as *mut u32).add(off),
+            )
+        }
+    }
+    unsafe fn scratch(&mut self, p: &Problem, bytes: u64) -> *mut u8 {
+        // SAFETY: the same scratch as the symbolic pass.
+        unsafe { Count.scratch(p, bytes) }
+    }
+    unsafe fn release(&mut self, _s: *mut u8) {}
+}
+
+/// An in-kernel allocator.
+trait Alloc {
+    /// # Safety
+    ///
+    /// The allocator is live.
+    unsafe fn alloc(&self, bytes: u64) -> *mut u8;
+    /// # Safety
+    ///
+    /// `p` came from `alloc` and is not yet freed.
+    unsafe fn free(&self, p: *mut u8);
+}
+
+/// cuheap's device heap.
+struct OnHeap<'h>(&'h HeapHandle);
+
+impl Alloc for OnHeap<'_> {
+    // One thread allocates for its whole group, and rarely: out of line,
+    // the allocator's registers do not count against the row kernels'.
+    #[inline(never)]
+    unsafe fn alloc(&self, bytes: u64) -> *mut u8 {
+        // SAFETY: forwarded: the heap is live.
+        unsafe { dev_alloc_single(self.0, bytes as usize) }
+    }
+    #[inline(never)]
+    unsafe fn free(&self, p: *mut u8) {
+        // SAFETY: forwarded.
+        unsafe { dev_free_single(self.0, p) }
+    }
+}
+
+/// CUDA's device heap.
+struct OnMalloc;
+
+impl Alloc for OnMalloc {
+    unsafe fn alloc(&self, bytes: u64) -> *mut u8 {
+        // SAFETY: CUDA's malloc takes any size; null when short.
+        unsafe { malloc(bytes as usize) }
+    }
+    unsafe fn free(&self, p: *mut u8) {
+        // SAFETY: forwarded.
+        unsafe { free(p) }
+    }
+}
+
+/// One pass: each row's output in a block of its own (`chunk == 0`), or
+/// carved from a chunk of `chunk` bytes the group allocated for this and
+/// later rows.
+struct Blocks<A: Alloc> {
+    alloc: A,
+    chunk: u64,
+    cursor: *mut u8,
+    left: u64,
+}
+
+impl<A: Alloc> Blocks<A> {
+    fn new(alloc: A, chunk: u32) -> Self {
+        Blocks {
+            alloc,
+            chunk: chunk as u64,
+            cursor: core::ptr::null_mut(),
+            left: 0,
+        }
+    }
+}
+
+impl<A: Alloc> Output for Blocks<A> {
+    const NUMERIC: bool = true;
+    unsafe fn place(&mut self, p: &Problem, row: u64, n: u32) -> Place {
+        if n == 0 {
+            // SAFETY: row < rows.
+            unsafe {
+                put(p.row_nnz, row, 0u32);
+                put(p.row_blocks, row, 0u64);
+            }
+            return Place::Nothing;
+        }
+        let need = (n as u64 * ENTRY_BYTES as u64).div_ceil(16) * 16;
+        let (block, owner) = if self.chunk == 0 {
+            // SAFETY: the allocator is live for the kernel.
+            (unsafe { self.alloc.alloc(need) }, 1)
+        } else {
+            let mut owner = 0;
+            if need > self.left {
+                let bytes = need.max(self.chunk);
+                // SAFETY: as above.
+                self.cursor = unsafe { self.alloc.alloc(bytes) };
+                self.left = if self.cursor.is_null() { 0 } else { bytes };
+                owner = 1;
+            }
+            let block = self.cursor;
+            if !block.is_null() {
+                // SAFETY: need <= left: inside the chunk.
+                self.cursor = unsafe { self.cursor.add(need as usize) };
+                self.left -= need;
+            }
+            (block, owner)
+        };
+        if block.is_null() {
+            // SAFETY: row < rows.
+            return unsafe { fail(p, row) };
+        }
+        // SAFETY: row < rows; the block holds n values then n columns.
+        unsafe {
+            put(p.row_nnz, row, n);
+            put(p.row_blocks, row, block as u64 | owner);
+            Place::To(block as *mut f64, block.add(8 * n as usize) as *mut u32)
+        }
+    }
+    unsafe fn scratch(&mut self, _p: &Problem, bytes: u64) -> *mut u8 {
+        // SAFETY: the allocator is live.
+        unsafe { self.alloc.alloc(bytes) }
+    }
+    unsafe fn release(&mut self, s: *mut u8) {
+        if !s.is_null() {
+            // SAFETY: from `scratch`.
+            unsafe { self.alloc.free(s) }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Row kernels
+
+/// A warp or a whole block working on one row.
+#[derive(Clone, Copy)]
+struct Group {
+    /// Threads.
+    size: u32,
+    /// The caller's index in the group.
+    rank: u32,
+    warp: bool,
+}
+
+impl Group {
+    /// # Safety
+    ///
+    /// Every thread of the group calls it.
+    #[inline(always)]
+    unsafe fn sync(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if self.warp {
+                sync_warp(FULL)
+            } else {
+                sync_block()
+            }
+        }
+    }
+}
+
+/// Per-group state in shared memory.
+#[repr(C)]
+struct Header {
+    /// Distinct columns inserted.
+    nnz: u32,
+    /// Next free entry of the sort buffer.
+    cursor: u32,
+    /// Where the row goes (`Place::To`), 0 for nowhere, 1 for failed.
+    vals: u64,
+    cols: u64,
+}
+
+/// Calls `f(column, product)` for this thread's share of the row's
+/// intermediate products: products are numbered across the row and the
+/// group's threads take them round robin, so every thread has an equal
+/// share however the row's entries are spread over rows of B.
+///
+/// # Safety
+///
+/// `row < p.rows`; the arrays of `p` as documented.
+#[inline(always)]
+unsafe fn for_products(
+    p: &Problem,
+    row: u64,
+    g: Group,
+    numeric: bool,
+    mut f: impl FnMut(u32, f64),
+) {
+    let size = g.size as u64;
+    let mut base = 0u64;
+    // SAFETY: row < rows; every index below is inside A or B.
+    unsafe {
+        for j in at::<u64>(p.a_offsets, row)..at::<u64>(p.a_offsets, row + 1) {
+            let k = at::<u32>(p.a_cols, j) as u64;
+            let a = if numeric { at::<f64>(p.a_vals, j) } else { 0.0 };
+            let (bs, be) = (at::<u64>(p.b_offsets, k), at::<u64>(p.b_offsets, k + 1));
+            let len = be - bs;
+            let mut o = (g.rank as u64 + size - base % size) % size;
+            while o < len {
+                let idx = bs + o;
+                let v = if numeric {
+                    a * at::<f64>(p.b_vals, idx)
+                } else {
+                    0.0
+                };
+                f(at::<u32>(p.b_cols, idx), v);
+                o += size;
+            }
+            base += len;
+        }
+    }
+}
+
+/// Inserts `col` (adding `v` when `NUMERIC`) into the open-addressing
+/// table of `mask + 1` entries; counts new columns in `nnz`.
+///
+/// # Safety
+///
+/// `keys` and `vals` hold `mask + 1` entries (a power of two) with room
+/// for every distinct column of the row; all accesses to them meanwhile
+/// are atomic.
+#[inline(always)]
+unsafe fn insert(
+    numeric: bool,
+    keys: *mut u32,
+    vals: *mut f64,
+    mask: u32,
+    nnz: &AtomicU32,
+    col: u32,
+    v: f64,
+) {
+    let mut h = col.wrapping_mul(0x9E37_79B1) & mask;
+    loop {
+        // SAFETY: h <= mask.
+        let slot = unsafe { AtomicU32::from_ptr(keys.add(h as usize)) };
+        let mut k = slot.load(Relaxed);
+        if k == EMPTY {
+            match slot.compare_exchange(EMPTY, col, Relaxed, Relaxed) {
+                Ok(_) => {
+                    nnz.fetch_add(1, Relaxed);
+                    k = col;
+                }
+                Err(other) => k = other,
+            }
+        }
+        if k == col {
+            if numeric {
+                // SAFETY: h <= mask; values are only added to atomically.
+                unsafe { atomic_add_f64(vals.add(h as usize), v) };
+            }
+            return;
+        }
+        h = (h + 1) & mask;
+    }
+}
+
+/// Sorts `m` entries (a power of two) by column, ascending, with the
+/// group's threads (bitonic sort).
+///
+/// # Safety
+///
+/// Every thread of `g` calls it; `keys` and `vals` hold `m` entries that
+/// only the group uses meanwhile.
+#[inline(always)]
+unsafe fn sort(g: Group, keys: *mut u32, vals: *mut f64, m: u32) {
+    let mut k = 2;
+    while k <= m {
+        let mut j = k / 2;
+        while j > 0 {
+            let mut i = g.rank;
+            while i < m {
+                let l = i ^ j;
+                if l > i {
+                    // SAFETY: i, l < m; each pair is one thread's this step.
+                    unsafe {
+                        let (ki, kl) = (*keys.add(i as usize), *keys.add(l as usize));
+                        if (ki > kl) == (i & k == 0) {
+                            *keys.add(i as usize) = kl;
+                            *keys.add(l as usize) = ki;
+                            let vi = *vals.add(i as usize);
+                            *vals.add(i as usize) = *vals.add(l as usize);
+                            *vals.add(l as usize) = vi;
+                        }
+                    }
+                }
+                i += g.size;
+            }
+            // SAFETY: every thread of the group reaches it.
+            unsafe { g.sync() };
+            j /= 2;
+        }
+        k *= 2;
+    }
+}
+
+/// The hash bins: a group (warp or block) per row of `bin`, grid-stride
+/// over the bin's rows.
+///
+/// # Safety
+///
+/// See the module documentation; launched with `HASH_BLOCK` threads and
+/// `HASH_SHARED` bytes of dynamic shared memory.
+#[inline(always)]
+unsafe fn hash_rows<O: Output>(p: &Problem, bin: u32, out: &mut O) {
+    let warp = bin == BIN_WARP;
+    let size = if warp { 32 } else { block_threads() };
+    let g = Group {
+        size,
+        rank: thread_in_block() % size,
+        warp,
+    };
+    let index = thread_in_block() / size;
+    let groups = block_threads() / size;
+    let table_max = if warp { WARP_TABLE } else { BLOCK_TABLE };
+    let smem = dynamic_shared();
+    // SAFETY: HASH_SHARED bytes: a header per warp, then per group a
+    // table of `table_max` entries and a sort buffer of half that.
+    let (header, vals, sort_vals, keys, sort_keys) = unsafe {
+        let header = smem.add((index * GROUP_HEADER) as usize) as *mut Header;
+        let slice = smem.add(
+            ((HASH_BLOCK / 32) * GROUP_HEADER + index * table_max * 3 / 2 * ENTRY_BYTES) as usize,
+        );
+        let vals = slice as *mut f64;
+        let sort_vals = vals.add(table_max as usize);
+        let keys = sort_vals.add(table_max as usize / 2) as *mut u32;
+        let sort_keys = keys.add(table_max as usize);
+        (header, vals, sort_vals, keys, sort_keys)
+    };
+    // SAFETY: analyse and place ran.
+    let (count, base) = unsafe { (at::<u32>(p.bins, bin as u64) as u64, bin_base(p, bin)) };
+    let mut i = (block_index() * groups + index) as u64;
+    let stride = (grid_blocks() * groups) as u64;
+    while i < count {
+        // SAFETY: i < the bin's count.
+        let row = unsafe { at::<u32>(p.bin_rows, base + i) } as u64;
+        // SAFETY: row < rows.
+        let bound = unsafe { at::<u32>(p.row_bound, row) };
+        let cap = (2 * bound).next_power_of_two().min(table_max);
+        let mut s = g.rank;
+        while s < cap {
+            // SAFETY: s < cap <= table_max.
+            unsafe {
+                *keys.add(s as usize) = EMPTY;
+                *vals.add(s as usize) = 0.0;
+            }
+            s += size;
+        }
+        if g.rank == 0 {
+            // SAFETY: the group's header; the others wait at the barrier.
+            unsafe {
+                (*header).nnz = 0;
+                (*header).cursor = 0;
+            }
+        }
+        // SAFETY: every thread of the group runs the loop's body.
+        unsafe { g.sync() };
+        // SAFETY: the header is shared memory of this group.
+        let nnz = unsafe { AtomicU32::from_ptr(&raw mut (*header).nnz) };
+        // SAFETY: the table has 2 x bound >= 2 x distinct columns entries.
+        unsafe {
+            for_products(p, row, g, O::NUMERIC, |col, v| {
+                insert(O::NUMERIC, keys, vals, cap - 1, nnz, col, v)
+            })
+        };
+        // SAFETY: as above.
+        unsafe { g.sync() };
+        let n = nnz.load(Relaxed);
+        if O::NUMERIC {
+            // Compact into the sort buffer (cap / 2 >= bound >= n), pad
+            // to a power of two, sort.
+            // SAFETY: as for the header.
+            let cursor = unsafe { AtomicU32::from_ptr(&raw mut (*header).cursor) };
+            let m = n.next_power_of_two();
+            let mut s = g.rank;
+            while s < cap {
+                // SAFETY: s < cap; the sort buffer holds cap / 2 >= n.
+                unsafe {
+                    let k = *keys.add(s as usize);
+                    if k != EMPTY {
+                        let at = cursor.fetch_add(1, Relaxed) as usize;
+                        *sort_keys.add(at) = k;
+                        *sort_vals.add(at) = *vals.add(s as usize);
+                    }
+                }
+                s += size;
+            }
+            let mut s = n + g.rank;
+            while s < m {
+                // SAFETY: m <= cap / 2 (n <= bound, cap >= 2 x bound).
+                unsafe { *sort_keys.add(s as usize) = EMPTY };
+                s += size;
+            }
+            // SAFETY: as above.
+            unsafe {
+                g.sync();
+                sort(g, sort_keys, sort_vals, m);
+            }
+        }
+        if g.rank == 0 {
+            // SAFETY: row < rows; the group's header, read after the barrier.
+            unsafe {
+                ((*header).vals, (*header).cols) = match out.place(p, row, n) {
+                    Place::To(v, c) => (v as u64, c as u64),
+                    Place::Nothing | Place::Failed => (0, 0),
+                };
+            }
+        }
+        // SAFETY: as above.
+        let (ov, oc) = unsafe {
+            g.sync();
+            ((*header).vals as *mut f64, (*header).cols as *mut u32)
+        };
+        if !ov.is_null() {
+            let mut q = g.rank;
+            while q < n {
+                // SAFETY: q < n: the sorted entries, and the row's output.
+                unsafe {
+                    *ov.add(q as usize) = *sort_vals.add(q as usize);
+                    *oc.add(q as usize) = *sort_keys.add(q as usize);
+                }
+                q += size;
+            }
+        }
+        // SAFETY: as above: the next row reuses the table.
+        unsafe { g.sync() };
+        i += stride;
+    }
+}
+
+/// Exclusive prefix sum of `v` over the block, and the total.
+///
+/// # Safety
+///
+/// Every thread of the block calls it; `words` is shared memory of at
+/// least 33 `u64`s used by nothing else meanwhile.
+#[inline(always)]
+unsafe fn block_scan(v: u64, words: *mut u64) -> (u64, u64) {
+    let lane = laneid();
+    let warp = thread_in_block() / 32;
+    let warps = block_threads().div_ceil(32);
+    let mut x = v;
+    let mut d = 1;
+    while d < 32 {
+        // SAFETY: every lane of the (full) warp runs every step.
+        let y = unsafe {
+            let lo = shfl_up(FULL, x as u32, d);
+            let hi = shfl_up(FULL, (x >> 32) as u32, d);
+            (hi as u64) << 32 | lo as u64
+        };
+        if lane >= d {
+            x += y;
+        }
+        d *= 2;
+    }
+    // SAFETY: warp < 32; the block's threads all reach the barriers.
+    unsafe {
+        if lane == 31 {
+            *words.add(warp as usize) = x;
+        }
+        sync_block();
+        if warp == 0 {
+            let mut s = 0u64;
+            let mut total = 0u64;
+            for w in 0..warps {
+                let t = *words.add(w as usize);
+                if w == lane {
+                    s = total;
+                }
+                total += t;
+            }
+            sync_warp(FULL);
+            *words.add(lane as usize) = s;
+            if lane == 0 {
+                *words.add(32) = total;
+            }
+        }
+        sync_block();
+        let r = (x - v + *words.add(warp as usize), *words.add(32));
+        sync_block();
+        r
+    }
+}
+
+/// The dense bin: a block per row, grid-stride over the bin's rows, with a
+/// dense accumulator (values and a bitmap over the columns) that the block
+/// clears as it reads it out.
+///
+/// # Safety
+///
+/// See the module documentation; launched with `DENSE_BLOCK` threads and
+/// `DENSE_SHARED` bytes of dynamic shared memory.
+#[inline(always)]
+unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
+    let g = Group {
+        size: block_threads(),
+        rank: thread_in_block(),
+        warp: false,
+    };
+    let smem = dynamic_shared() as *mut u64;
+    let words = p.cols.div_ceil(32);
+    let bytes = dense_bytes(p.cols);
+    if g.rank == 0 {
+        // SAFETY: thread 0 of the block; smem holds DENSE_SHARED bytes.
+        unsafe { *smem.add(40) = out.scratch(p, bytes) as u64 };
+    }
+    // SAFETY: every thread of the block runs this.
+    unsafe { sync_block() };
+    // SAFETY: written before the barrier.
+    let scratch = unsafe { *smem.add(40) };
+    let vals = scratch;
+    let bits = scratch + p.cols * 8;
+    if scratch != 0 {
+        let mut w = g.rank as u64;
+        while w < words {
+            // SAFETY: the scratch holds `dense_bytes(cols)`.
+            unsafe { put(bits, w, 0u32) };
+            w += g.size as u64;
+        }
+        if O::NUMERIC {
+            let mut c = g.rank as u64;
+            while c < p.cols {
+                // SAFETY: as above.
+                unsafe { put(vals, c, 0f64) };
+                c += g.size as u64;
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { sync_block() };
+    // SAFETY: analyse and place ran.
+    let (count, base) = unsafe {
+        (
+            at::<u32>(p.bins, BIN_DENSE as u64) as u64,
+            bin_base(p, BIN_DENSE),
+        )
+    };
+    let per_thread = words.div_ceil(g.size as u64);
+    let (w0, w1) = (
+        (g.rank as u64 * per_thread).min(words),
+        ((g.rank as u64 + 1) * per_thread).min(words),
+    );
+    let mut i = block_index() as u64;
+    while i < count {
+        // SAFETY: i < the bin's count.
+        let row = unsafe { at::<u32>(p.bin_rows, base + i) } as u64;
+        if scratch == 0 {
+            if g.rank == 0 {
+                // SAFETY: row < rows.
+                unsafe { fail(p, row) };
+            }
+            i += grid_blocks() as u64;
+            continue;
+        }
+        // SAFETY: row < rows; the accumulator covers every column.
+        unsafe {
+            for_products(p, row, g, O::NUMERIC, |col, v| {
+                let w = atomic_u32(bits, col as u64 / 32);
+                let bit = 1u32 << (col % 32);
+                if w.load(Relaxed) & bit == 0 {
+                    w.fetch_or(bit, Relaxed);
+                }
+                if O::NUMERIC {
+                    atomic_add_f64((vals as *mut f64).add(col as usize), v);
+                }
+            });
+            sync_block();
+        }
+        let mut mine = 0u64;
+        for w in w0..w1 {
+            // SAFETY: w < words.
+            mine += unsafe { at::<u32>(bits, w) }.count_ones() as u64;
+        }
+        // SAFETY: every thread of the block runs it; words 0..33 of smem.
+        let (mut at_out, n) = unsafe { block_scan(mine, smem) };
+        if g.rank == 0 {
+            // SAFETY: row < rows.
+            let (v, c) = match unsafe { out.place(p, row, n as u32) } {
+                Place::To(v, c) => (v as u64, c as u64),
+                Place::Nothing | Place::Failed => (0, 0),
+            };
+            // SAFETY: words 34 and 35 of smem, read after the barrier.
+            unsafe {
+                *smem.add(34) = v;
+                *smem.add(35) = c;
+            }
+        }
+        // SAFETY: as above.
+        unsafe { sync_block() };
+        // SAFETY: written before the barrier.
+        let (ov, oc) = unsafe { (*smem.add(34), *smem.add(35)) };
+        for w in w0..w1 {
+            // SAFETY: w < words; each bit a column < cols; the output
+            // holds n entries, this thread's from its scan offset.
+            unsafe {
+                let mut word = at::<u32>(bits, w);
+                while word != 0 {
+                    let col = w * 32 + word.trailing_zeros() as u64;
+                    if O::NUMERIC {
+                        if ov != 0 {
+                            put(ov, at_out, at::<f64>(vals, col));
+                            put(oc, at_out, col as u32);
+                        }
+                        put(vals, col, 0f64);
+                    }
+                    at_out += 1;
+                    word &= word - 1;
+                }
+                put(bits, w, 0u32);
+            }
+        }
+        // SAFETY: as above: the next row reuses the accumulator.
+        unsafe { sync_block() };
+        i += grid_blocks() as u64;
+    }
+    if g.rank == 0 {
+        // SAFETY: from `scratch` above.
+        unsafe { out.release(scratch as *mut u8) };
+    }
+}
+
+/// # Safety
+///
+/// As for the entry points.
+#[inline(always)]
+unsafe fn rows<O: Output>(problem: *const Problem, bin: u32, out: &mut O) {
+    // SAFETY: the launch's contract.
+    let p = unsafe { &*problem };
+    // SAFETY: forwarded.
+    unsafe {
+        if bin == BIN_DENSE {
+            dense_rows(p, out)
+        } else {
+            hash_rows(p, bin, out)
+        }
+    }
+}
+
+/// Symbolic pass over the rows of `bin`: `row_nnz`.
+///
+/// # Safety
+///
+/// See the module documentation; the dense bin needs `scratch`.
+pub unsafe fn spgemm_count(problem: *const Problem, bin: u32) {
+    // SAFETY: forwarded.
+    unsafe { rows(problem, bin, &mut Count) }
+}
+
+/// Numeric pass over the rows of `bin`: C's columns and values at the
+/// offsets scanned from the symbolic pass.
+///
+/// # Safety
+///
+/// As for [`spgemm_count`]; C's offsets are scanned and its arrays allocated.
+pub unsafe fn spgemm_numeric(problem: *const Problem, bin: u32) {
+    // SAFETY: forwarded.
+    unsafe { rows(problem, bin, &mut Csr) }
+}
+
+/// One pass over the rows of `bin` with cuheap: each row's output in a
+/// block from `heap` (`chunk == 0`) or carved from chunks of `chunk`
+/// bytes; `row_nnz` and `row_blocks`; a row whose block could not be
+/// allocated is counted in `status[STATUS_FAILED_ROWS]`.
+///
+/// # Safety
+///
+/// See the module documentation; `heap` stays live until the kernel ends.
+pub unsafe fn spgemm_cuheap(heap: HeapHandle, problem: *const Problem, bin: u32, chunk: u32) {
+    // SAFETY: forwarded.
+    unsafe { rows(problem, bin, &mut Blocks::new(OnHeap(&heap), chunk)) }
+}
+
+/// [`spgemm_cuheap`] on CUDA's device heap, a block per row.
+///
+/// # Safety
+///
+/// See the module documentation.
+pub unsafe fn spgemm_malloc(problem: *const Problem, bin: u32) {
+    // SAFETY: forwarded.
+    unsafe { rows(problem, bin, &mut Blocks::new(OnMalloc, 0)) }
+}
+
+// ---------------------------------------------------------------------------
+// Scan of the row counts into C's offsets
+
+/// Rows per tile of the scan: `SCAN_BLOCK` threads of `SCAN_ITEMS` rows.
+const SCAN_ITEMS: u64 = 4;
+
+/// This thread's rows of the tile and their sum.
+///
+/// # Safety
+///
+/// `p.row_nnz` holds `rows` counts.
+#[inline(always)]
+unsafe fn tile_items(p: &Problem) -> (u64, [u64; SCAN_ITEMS as usize], u64) {
+    let first =
+        (block_index() as u64 * block_threads() as u64 + thread_in_block() as u64) * SCAN_ITEMS;
+    let mut items = [0u64; SCAN_ITEMS as usize];
+    let mut sum = 0;
+    for (k, item) in items.iter_mut().enumerate() {
+        let r = first + k as u64;
+        if r < p.rows {
+            // SAFETY: r < rows.
+            *item = unsafe { at::<u32>(p.row_nnz, r) } as u64;
+            sum += *item;
+        }
+    }
+    (first, items, sum)
+}
+
+/// Scan, step 1: `sums[b]` = the nonzeros of tile `b` (a block's
+/// `block_threads() x 4` rows).
+///
+/// # Safety
+///
+/// See the module documentation; `sums` holds a word per block, and the
+/// launch has `DENSE_SHARED` bytes of dynamic shared memory.
+pub unsafe fn spgemm_scan_tiles(problem: *const Problem, sums: *mut u64) {
+    // SAFETY: the launch's contract.
+    let p = unsafe { &*problem };
+    // SAFETY: as documented.
+    let (_, _, mine) = unsafe { tile_items(p) };
+    // SAFETY: every thread runs it; shared words.
+    let (_, total) = unsafe { block_scan(mine, dynamic_shared() as *mut u64) };
+    if thread_in_block() == 0 {
+        // SAFETY: a word per block.
+        unsafe { *sums.add(block_index() as usize) = total };
+    }
+}
+
+/// Scan, step 2 (one block): `sums[0..n]` becomes its exclusive prefix
+/// sum, and `sums[n]` the total.
+///
+/// # Safety
+///
+/// `sums` holds `n + 1` words; one block, `DENSE_SHARED` bytes of shared
+/// memory.
+pub unsafe fn spgemm_scan_sums(sums: *mut u64, n: u32) {
+    let mut carry = 0u64;
+    let mut start = 0u32;
+    let smem = dynamic_shared() as *mut u64;
+    while start < n {
+        let i = start + thread_in_block();
+        let v = if i < n {
+            // SAFETY: i < n.
+            unsafe { *sums.add(i as usize) }
+        } else {
+            0
+        };
+        // SAFETY: every thread of the block runs every round.
+        let (ex, total) = unsafe { block_scan(v, smem) };
+        if i < n {
+            // SAFETY: as above.
+            unsafe { *sums.add(i as usize) = carry + ex };
+        }
+        carry += total;
+        start += block_threads();
+    }
+    if thread_in_block() == 0 {
+        // SAFETY: sums holds n + 1 words.
+        unsafe { *sums.add(n as usize) = carry };
+    }
+}
+
+/// Scan, step 3: C's offsets from the counts and the scanned tile sums.
+///
+/// # Safety
+///
+/// As for [`spgemm_scan_tiles`], after [`spgemm_scan_sums`].
+pub unsafe fn spgemm_scan_apply(problem: *const Problem, sums: *const u64) {
+    // SAFETY: the launch's contract.
+    let p = unsafe { &*problem };
+    // SAFETY: as documented.
+    let (first, items, mine) = unsafe { tile_items(p) };
+    // SAFETY: every thread runs it; shared words.
+    let (ex, _) = unsafe { block_scan(mine, dynamic_shared() as *mut u64) };
+    // SAFETY: a word per block.
+    let mut off = ex + unsafe { *sums.add(block_index() as usize) };
+    for (k, item) in items.iter().enumerate() {
+        let r = first + k as u64;
+        if r < p.rows {
+            // SAFETY: r < rows: C's offsets hold rows + 1 words.
+            unsafe { put(p.c_offsets, r, off) };
+            off += item;
+            if r + 1 == p.rows {
+                // SAFETY: as above.
+                unsafe { put(p.c_offsets, r + 1, off) };
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One pass: compaction and free
+
+/// A warp per row: copies the row's block into C at its offset.
+///
+/// # Safety
+///
+/// See the module documentation; C's offsets are scanned and its arrays
+/// allocated; whole warps.
+pub unsafe fn spgemm_compact(problem: *const Problem) {
+    // SAFETY: the launch's contract.
+    let p = unsafe { &*problem };
+    let lane = laneid() as u64;
+    let mut row = (global_thread() / 32) as u64;
+    let stride = (grid_threads() / 32) as u64;
+    while row < p.rows {
+        // SAFETY: row < rows; the block holds n values then n columns; C
+        // holds the row's n entries from its offset.
+        unsafe {
+            let n = at::<u32>(p.row_nnz, row) as u64;
+            let block = at::<u64>(p.row_blocks, row) & !1;
+            let off = at::<u64>(p.c_offsets, row);
+            let mut q = lane;
+            while q < n {
+                put(p.c_vals, off + q, at::<f64>(block, q));
+                put(p.c_cols, off + q, at::<u32>(block + 8 * n, q));
+                q += 32;
+            }
+        }
+        row += stride;
+    }
+}
+
+/// # Safety
+///
+/// See the module documentation; every block in `row_blocks` is live.
+#[inline(always)]
+unsafe fn free_rows(p: &Problem, free: impl Fn(*mut u8)) {
+    let mut row = global_thread() as u64;
+    while row < p.rows {
+        // SAFETY: row < rows; an owned block is freed once, here.
+        unsafe {
+            let b = at::<u64>(p.row_blocks, row);
+            if b & 1 == 1 {
+                free((b & !1) as *mut u8);
+            }
+        }
+        row += grid_threads() as u64;
+    }
+}
+
+/// Frees every block the rows own (after [`spgemm_compact`]).
+///
+/// # Safety
+///
+/// See the module documentation; `heap` is the heap of [`spgemm_cuheap`].
+pub unsafe fn spgemm_free_cuheap(heap: HeapHandle, problem: *const Problem) {
+    // SAFETY: forwarded.
+    unsafe { free_rows(&*problem, |b| dev_free(&heap, b)) }
+}
+
+/// [`spgemm_free_cuheap`] for [`spgemm_malloc`].
+///
+/// # Safety
+///
+/// See the module documentation.
+pub unsafe fn spgemm_free_malloc(problem: *const Problem) {
+    // SAFETY: forwarded.
+    unsafe { free_rows(&*problem, |b| OnMalloc.free(b)) }
+}

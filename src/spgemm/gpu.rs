@@ -1,0 +1,344 @@
+//! C = A x B on the GPU, three ways that share the row kernels of
+//! `kernels/src/spgemm.rs` and differ only in where each row's output goes:
+//!
+//! - [`Method::TwoPass`]: count every row (symbolic pass), scan, allocate
+//!   C, compute every row again into C (numeric pass): the standard way;
+//! - [`Method::Cuheap`]: one pass; each row allocates its output from a
+//!   cuheap [`DeviceHeap`] as soon as it knows its size (a block per row,
+//!   or chunks a warp carves its rows from), then a scan, C, and one
+//!   compaction kernel that copies the rows into C;
+//! - [`Method::CudaMalloc`]: the same one pass on CUDA's device `malloc`.
+//!
+//! Every step of a product (the workspace, binning the rows, every pass,
+//! the scan, C's allocation, compaction and freeing the rows) is inside the
+//! time [`multiply`] reports. A row whose output cannot be allocated makes
+//! the product fail with [`Error::DeviceHeapExhausted`]: never a wrong C.
+
+use super::problem::*;
+use super::DeviceCsr;
+use crate::kernels::Bench;
+use crate::{DeviceHeap, Error, Gpu, LaunchConfig, Result};
+use cuheap_host::DeviceMemory;
+
+/// Registers per thread the row kernels are compiled with: 4 blocks of
+/// the hash kernels and 2 of the dense kernel per SM. Uncapped, the
+/// allocator's rare paths (spans, new pages) would set the count for the
+/// whole kernel (over 180).
+pub const MAX_REGISTERS: u32 = 64;
+
+/// GPU 0 with the benchmark kernels ([`crate::BENCH_PTX`]) loaded as the
+/// products need them: at most [`MAX_REGISTERS`] registers per thread. It
+/// shares the device's primary context (memory, heaps, streams) with
+/// every other [`Gpu`] of this process.
+pub fn open_gpu() -> Result<Gpu> {
+    Gpu::open_with_options(
+        crate::BENCH_PTX,
+        cuheap_host::LoadOptions {
+            max_registers: Some(MAX_REGISTERS),
+        },
+    )
+}
+
+/// How the rows of C are allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// Symbolic pass, scan, numeric pass into C.
+    TwoPass,
+    /// One pass on cuheap: a block per row (`chunk == 0`), or a chunk of
+    /// `chunk` bytes per warp (or block) that its rows are carved from.
+    Cuheap { chunk: u32 },
+    /// One pass on CUDA's device `malloc`, a block per row.
+    CudaMalloc,
+}
+
+impl Method {
+    /// A short name for tables.
+    pub fn name(&self) -> String {
+        match self {
+            Method::TwoPass => "two-pass".into(),
+            Method::Cuheap { chunk: 0 } => "cuheap one-pass, per row".into(),
+            Method::Cuheap { chunk } => format!("cuheap one-pass, {} KiB chunks", chunk >> 10),
+            Method::CudaMalloc => "CUDA malloc one-pass".into(),
+        }
+    }
+}
+
+/// A product and what it cost.
+pub struct GpuProduct {
+    pub c: DeviceCsr,
+    /// Milliseconds, CUDA events around every step.
+    pub ms: f64,
+    /// Intermediate products (multiply-adds).
+    pub products: u64,
+    /// Device memory the product held at its peak besides A and B: the
+    /// workspace, C, and the rows' memory (the heap's pages in use after
+    /// the row kernels for cuheap, the whole heap for CUDA malloc, the
+    /// dense accumulators for two-pass). Measured when `measure` was set.
+    pub peak_bytes: usize,
+    /// Bytes of the cuheap heap's pages in use after the row kernels.
+    pub heap_bytes: usize,
+}
+
+/// Device memory of one product's workspace, counted as it is allocated.
+struct Workspace<'g> {
+    gpu: &'g Gpu,
+    bytes: usize,
+}
+
+impl Workspace<'_> {
+    fn alloc(&mut self, bytes: usize) -> Result<DeviceMemory> {
+        self.bytes += bytes;
+        self.gpu.alloc(bytes)
+    }
+
+    fn alloc_zeroed(&mut self, bytes: usize) -> Result<DeviceMemory> {
+        self.bytes += bytes;
+        self.gpu.alloc_zeroed(bytes)
+    }
+}
+
+/// Bytes the dense accumulators of one product may take at once: caps the
+/// blocks of the dense bin when C has very many columns.
+const DENSE_BUDGET: u64 = 1 << 30;
+
+/// What the products run with: the GPU, its kernels, the cuheap heap for
+/// [`Method::Cuheap`], and the size CUDA's device heap was given (counted as
+/// the memory of [`Method::CudaMalloc`]).
+pub struct Runner<'a> {
+    pub gpu: &'a Gpu,
+    pub kernels: &'a Bench,
+    pub heap: Option<&'a DeviceHeap>,
+    pub malloc_heap: usize,
+}
+
+impl Runner<'_> {
+    /// C = A x B with `method`. When `measure` is set, the host stops after
+    /// the row kernels to read the heap's footprint (for `peak_bytes`),
+    /// which adds a synchronisation to the time.
+    pub fn multiply(
+        &self,
+        method: Method,
+        a: &DeviceCsr,
+        b: &DeviceCsr,
+        measure: bool,
+    ) -> Result<GpuProduct> {
+        if a.cols != b.rows {
+            return Err(Error::InvalidArgument(format!(
+                "cannot multiply a {}x{} matrix by a {}x{} matrix",
+                a.rows, a.cols, b.rows, b.cols
+            )));
+        }
+        if matches!(method, Method::Cuheap { .. }) && self.heap.is_none() {
+            return Err(Error::InvalidArgument(
+                "the cuheap method needs a device heap".into(),
+            ));
+        }
+        if b.cols > u32::MAX as usize || a.rows > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "a {}x{} result: rows and columns must fit 32 bits",
+                a.rows, b.cols
+            )));
+        }
+        let mut result = None;
+        let ms = self.gpu.time(|| {
+            result = Some(self.run(method, a, b, measure)?);
+            Ok(())
+        })? as f64;
+        let mut product = result.expect("run returned");
+        product.ms = ms;
+        Ok(product)
+    }
+
+    fn run(
+        &self,
+        method: Method,
+        a: &DeviceCsr,
+        b: &DeviceCsr,
+        measure: bool,
+    ) -> Result<GpuProduct> {
+        let Runner {
+            gpu,
+            kernels: k,
+            heap,
+            malloc_heap,
+        } = *self;
+        let rows = a.rows;
+        let one_pass = method != Method::TwoPass;
+        let mut ws = Workspace { gpu, bytes: 0 };
+        let row_bound = ws.alloc(rows * 4)?;
+        let bin_rows = ws.alloc(rows * 4)?;
+        let bins = ws.alloc_zeroed(BINS * 2 * 4)?;
+        let row_nnz = ws.alloc_zeroed(rows * 4)?;
+        let row_blocks = if one_pass {
+            Some(ws.alloc_zeroed(rows * 8)?)
+        } else {
+            None
+        };
+        let status = ws.alloc_zeroed(STATUS_WORDS * 8)?;
+        let tiles = rows.div_ceil(SCAN_TILE).max(1);
+        let sums = ws.alloc((tiles + 1) * 8)?;
+        let c_offsets = ws.alloc((rows + 1) * 8)?;
+        let problem_mem = ws.alloc(PROBLEM_WORDS * 8)?;
+        let mut problem = Problem {
+            a_offsets: a.row_offsets.ptr(),
+            a_cols: a.col_indices.ptr(),
+            a_vals: a.values.ptr(),
+            b_offsets: b.row_offsets.ptr(),
+            b_cols: b.col_indices.ptr(),
+            b_vals: b.values.ptr(),
+            rows: rows as u64,
+            cols: b.cols as u64,
+            row_bound: row_bound.ptr(),
+            bin_rows: bin_rows.ptr(),
+            bins: bins.ptr(),
+            row_nnz: row_nnz.ptr(),
+            row_blocks: row_blocks.as_ref().map_or(0, |m| m.ptr()),
+            c_offsets: c_offsets.ptr(),
+            status: status.ptr(),
+            ..Problem::default()
+        };
+        problem_mem.write(0, &problem.to_words())?;
+        let p = problem_mem.as_ptr::<Problem>();
+        let per_row = LaunchConfig::for_threads(rows as u32);
+        // SAFETY: (every launch below) the Problem's arrays were allocated
+        // above with the sizes its documentation gives, A and B are the
+        // caller's valid matrices, and all of them outlive the launches: the
+        // host reads results back (synchronising) before returning.
+        unsafe {
+            k.spgemm_analyse(&per_row, p)?;
+            k.spgemm_place(&per_row, p)?;
+        }
+        let mut counts = [0u32; BINS];
+        bins.read(0, &mut counts)?;
+        let sms = gpu.info().sms.max(1);
+        let dense = dense_bytes(b.cols as u64);
+        let dense_grid = (counts[BIN_DENSE as usize])
+            .min(sms * 2)
+            .min((DENSE_BUDGET / dense).max(1) as u32);
+        let mut scratch = None;
+        if !one_pass && dense_grid > 0 {
+            let s = ws.alloc(dense_grid as usize * dense as usize)?;
+            problem.scratch = s.ptr();
+            problem.scratch_stride = dense;
+            problem_mem.write(0, &problem.to_words())?;
+            scratch = Some(s);
+        }
+        let launches = |bin: u32| -> LaunchConfig<'static> {
+            let n = counts[bin as usize];
+            match bin {
+                BIN_WARP => LaunchConfig::shape(
+                    (n.div_ceil(HASH_BLOCK / 32).min(sms * 12), 1, 1),
+                    (HASH_BLOCK, 1, 1),
+                )
+                .with_shared_bytes(HASH_SHARED),
+                BIN_BLOCK => LaunchConfig::shape((n.min(sms * 12), 1, 1), (HASH_BLOCK, 1, 1))
+                    .with_shared_bytes(HASH_SHARED),
+                _ => LaunchConfig::shape((dense_grid, 1, 1), (DENSE_BLOCK, 1, 1))
+                    .with_shared_bytes(DENSE_SHARED),
+            }
+        };
+        let row_kernels = |numeric: bool| -> Result<()> {
+            for bin in [BIN_DENSE, BIN_BLOCK, BIN_WARP] {
+                if counts[bin as usize] == 0 {
+                    continue;
+                }
+                let cfg = launches(bin);
+                // SAFETY: as above; the shape is the bin's (problem.rs).
+                unsafe {
+                    match (method, numeric) {
+                        (Method::TwoPass, false) => k.spgemm_count(&cfg, p, bin)?,
+                        (Method::TwoPass, true) => k.spgemm_numeric(&cfg, p, bin)?,
+                        (Method::Cuheap { chunk }, _) => {
+                            let heap = heap.expect("checked by multiply");
+                            k.spgemm_cuheap(&cfg, heap, p, bin, chunk)?
+                        }
+                        (Method::CudaMalloc, _) => k.spgemm_malloc(&cfg, p, bin)?,
+                    }
+                }
+            }
+            Ok(())
+        };
+        row_kernels(false)?;
+        let mut heap_bytes = 0;
+        if measure {
+            if let (Method::Cuheap { .. }, Some(h)) = (method, heap) {
+                heap_bytes = h.stats()?.bytes_reserved as usize;
+            }
+        }
+        let scan = LaunchConfig::shape((tiles as u32, 1, 1), (SCAN_BLOCK, 1, 1))
+            .with_shared_bytes(DENSE_SHARED);
+        let one =
+            LaunchConfig::shape((1, 1, 1), (SCAN_BLOCK, 1, 1)).with_shared_bytes(DENSE_SHARED);
+        // SAFETY: as above; `sums` holds tiles + 1 words.
+        unsafe {
+            k.spgemm_scan_tiles(&scan, p, sums.as_ptr())?;
+            k.spgemm_scan_sums(&one, sums.as_ptr(), tiles as u32)?;
+            k.spgemm_scan_apply(&scan, p, sums.as_ptr())?;
+        }
+        let mut nnz = [0u64];
+        c_offsets.read(rows * 8, &mut nnz)?;
+        let mut st = [0u64; STATUS_WORDS];
+        status.read(0, &mut st)?;
+        let free_rows = || -> Result<()> {
+            // SAFETY: as above; every owned block is live until this frees it.
+            unsafe {
+                match method {
+                    Method::Cuheap { .. } => {
+                        k.spgemm_free_cuheap(&per_row, heap.expect("checked"), p)?
+                    }
+                    Method::CudaMalloc => k.spgemm_free_malloc(&per_row, p)?,
+                    Method::TwoPass => {}
+                }
+            }
+            Ok(())
+        };
+        if st[STATUS_FAILED_ROWS] > 0 {
+            free_rows()?;
+            gpu.sync()?;
+            let bytes = match heap {
+                Some(h) if matches!(method, Method::Cuheap { .. }) => h.shortfall()?.1,
+                _ => 0,
+            };
+            return Err(Error::DeviceHeapExhausted {
+                failed: st[STATUS_FAILED_ROWS],
+                bytes,
+            });
+        }
+        let nnz = nnz[0] as usize;
+        let col_indices = gpu.alloc(nnz * 4)?;
+        let values = gpu.alloc(nnz * 8)?;
+        problem.c_cols = col_indices.ptr();
+        problem.c_vals = values.ptr();
+        problem_mem.write(0, &problem.to_words())?;
+        if one_pass {
+            let warps = LaunchConfig::for_threads((rows as u32).saturating_mul(32).min(1 << 30));
+            // SAFETY: as above; C holds nnz entries.
+            unsafe { k.spgemm_compact(&warps, p)? };
+            free_rows()?;
+        } else {
+            row_kernels(true)?;
+        }
+        gpu.sync()?;
+        let rows_memory = match method {
+            Method::TwoPass => 0,
+            Method::Cuheap { .. } => heap_bytes,
+            Method::CudaMalloc => malloc_heap,
+        };
+        let c = DeviceCsr {
+            rows,
+            cols: b.cols,
+            nnz,
+            row_offsets: c_offsets,
+            col_indices,
+            values,
+        };
+        drop(scratch);
+        Ok(GpuProduct {
+            peak_bytes: ws.bytes - (rows + 1) * 8 + c.bytes() + rows_memory,
+            c,
+            ms: 0.0,
+            products: st[STATUS_PRODUCTS],
+            heap_bytes,
+        })
+    }
+}

@@ -1,0 +1,187 @@
+//! Sparse matrix products on the GPU, every method against the CPU
+//! reference: generated inputs (A x A and A x A^T), empty rows and
+//! matrices, a row whose output alone is over 1 MiB, and a heap that runs
+//! out in the middle of the product.
+
+mod common;
+use common::*;
+use cuheap::spgemm::gpu::{Method, Runner};
+use cuheap::spgemm::{self, gen, Csr, DeviceCsr};
+use cuheap::{DeviceHeap, Error, Gpu};
+
+const METHODS: [Method; 4] = [
+    Method::TwoPass,
+    Method::Cuheap { chunk: 4096 },
+    Method::Cuheap { chunk: 0 },
+    Method::CudaMalloc,
+];
+
+const MALLOC_HEAP: usize = 1 << 30;
+
+fn setup() -> (Gpu, cuheap::kernels::Bench, DeviceHeap) {
+    let gpu = cuheap::spgemm::gpu::open_gpu().expect("these tests need an NVIDIA GPU");
+    gpu.set_malloc_heap_size(MALLOC_HEAP).unwrap();
+    let k = kernels(&gpu);
+    let heap = DeviceHeap::new(&gpu, 2 << 30).unwrap();
+    (gpu, k, heap)
+}
+
+/// Multiplies with every method, checks each against the reference and
+/// that the heap got every block back. Returns the nonzeros of C.
+fn check_all(
+    gpu: &Gpu,
+    k: &cuheap::kernels::Bench,
+    heap: &DeviceHeap,
+    name: &str,
+    a: &Csr,
+    b: &Csr,
+) -> usize {
+    let reference = spgemm::multiply(a, b).unwrap();
+    let (da, db) = (
+        DeviceCsr::upload(gpu, a).unwrap(),
+        DeviceCsr::upload(gpu, b).unwrap(),
+    );
+    for m in METHODS {
+        // Each product starts from an empty heap: after a product of rows
+        // of every size class, every SM holds an empty current page per
+        // class, which other classes and spans cannot take yet.
+        // SAFETY: nothing runs on the GPU (multiply synchronises).
+        unsafe { heap.reset().unwrap() };
+        let r = Runner {
+            gpu,
+            kernels: k,
+            heap: Some(heap),
+            malloc_heap: MALLOC_HEAP,
+        };
+        let p = r
+            .multiply(m, &da, &db, true)
+            .unwrap_or_else(|e| panic!("{name}, {}: {e}\nheap: {:?}", m.name(), heap.stats()));
+        assert_eq!(
+            p.products,
+            reference.products,
+            "{name}, {}: products",
+            m.name()
+        );
+        let c =
+            p.c.download()
+                .unwrap_or_else(|e| panic!("{name}, {}: {e}", m.name()));
+        if let Err(e) = spgemm::compare(&c, &reference) {
+            panic!("{name}, {}: {e}", m.name());
+        }
+        let s = heap.stats().unwrap();
+        assert!(
+            s.is_empty(),
+            "{name}, {}: {} blocks and {} spans not returned",
+            m.name(),
+            s.blocks(),
+            s.spans
+        );
+        assert_eq!(s.bad_frees, 0, "{name}, {}: bad frees", m.name());
+    }
+    reference.c.nnz()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn every_method_matches_the_reference_on_every_generator() {
+    let (gpu, k, heap) = setup();
+    let inputs: Vec<(&str, Csr)> = vec![
+        ("R-MAT scale 10, 8/row", gen::rmat(10, 8, 1).unwrap()),
+        ("R-MAT scale 13, 16/row", gen::rmat(13, 16, 2).unwrap()),
+        ("2D 5-point 64^2", gen::stencil_2d_5pt(64).unwrap()),
+        ("3D 27-point 12^3", gen::stencil_3d_27pt(12).unwrap()),
+        (
+            "banded 3000, half width 40",
+            gen::banded(3000, 40, 3).unwrap(),
+        ),
+        ("uniform 5000, 12/row", gen::uniform(5000, 12, 4).unwrap()),
+    ];
+    for (name, a) in &inputs {
+        let at = a.transpose();
+        let n1 = check_all(&gpu, &k, &heap, &format!("{name}: A x A"), a, a);
+        let n2 = check_all(&gpu, &k, &heap, &format!("{name}: A x A^T"), a, &at);
+        println!("{name}: A x A {n1} nonzeros, A x A^T {n2}: every method exact");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn empty_matrices_and_rows_without_output() {
+    let (gpu, k, heap) = setup();
+    let z = Csr::zeros(100, 100).unwrap();
+    check_all(&gpu, &k, &heap, "empty x empty", &z, &z);
+    // Rows 0, 3, 6, ... of A are empty, and columns 1, 4, ... of A hit
+    // empty rows of B: rows with entries but no products too.
+    let mut t = Vec::new();
+    for r in 0..300u32 {
+        if r % 3 != 0 {
+            for c in [r % 300, (r * 7 + 1) % 300, (r * 13 + 2) % 300] {
+                t.push((r, c, 1.0 + r as f64 / 7.0));
+            }
+        }
+    }
+    let a = Csr::from_triplets(300, 300, &t).unwrap();
+    check_all(&gpu, &k, &heap, "empty rows", &a, &a);
+    let (da, dz) = (
+        DeviceCsr::upload(&gpu, &a).unwrap(),
+        DeviceCsr::upload(&gpu, &z).unwrap(),
+    );
+    for m in METHODS {
+        let r = Runner {
+            gpu: &gpu,
+            kernels: &k,
+            heap: Some(&heap),
+            malloc_heap: MALLOC_HEAP,
+        };
+        let e = r.multiply(m, &da, &dz, false);
+        assert!(
+            matches!(e, Err(Error::InvalidArgument(_))),
+            "300x300 times 100x100 must be refused"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_row_whose_output_is_over_one_mib() {
+    let (gpu, k, heap) = setup();
+    // Row 0 of A meets 128 rows of B with 1024 distinct columns each:
+    // 131072 entries, 1.5 MiB of output in one row (a span).
+    let n = 131_072u32;
+    let a_t: Vec<(u32, u32, f64)> = (0..128).map(|c| (0, c, 1.0 + c as f64)).collect();
+    let b_t: Vec<(u32, u32, f64)> = (0..128u32)
+        .flat_map(|r| (0..1024).map(move |j| (r, r * 1024 + j, 0.5 + j as f64)))
+        .collect();
+    let a = Csr::from_triplets(n as usize, n as usize, &a_t).unwrap();
+    let b = Csr::from_triplets(n as usize, n as usize, &b_t).unwrap();
+    let nnz = check_all(&gpu, &k, &heap, "1.5 MiB row", &a, &b);
+    assert_eq!(nnz, 131_072);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_heap_that_runs_out_is_an_error_not_a_wrong_result() {
+    let (gpu, k, _) = setup();
+    let small = DeviceHeap::new(&gpu, 1 << 20).unwrap();
+    let a = gen::rmat(13, 16, 2).unwrap();
+    let da = DeviceCsr::upload(&gpu, &a).unwrap();
+    for chunk in [0, 4096] {
+        match (Runner {
+            gpu: &gpu,
+            kernels: &k,
+            heap: Some(&small),
+            malloc_heap: 0,
+        })
+        .multiply(Method::Cuheap { chunk }, &da, &da, false)
+        {
+            Err(Error::DeviceHeapExhausted { failed, bytes }) => {
+                assert!(failed > 0 && bytes > 0, "{failed} rows, {bytes} bytes");
+                println!("chunk {chunk}: {failed} rows failed, {bytes} bytes short: reported");
+            }
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(p) => panic!("a 1 MiB heap held {} nonzeros?", p.c.nnz),
+        }
+        let s = small.stats().unwrap();
+        assert!(s.is_empty(), "the rows that got blocks gave them back");
+    }
+}
