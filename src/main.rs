@@ -82,9 +82,13 @@ enum Demo {
         /// as `<name>-memory.svg`.
         #[arg(long)]
         chart: Option<PathBuf>,
-        /// Skip CUDA's device malloc (slow on millions of rows).
+        /// Skip CUDA's device malloc.
         #[arg(long)]
         no_malloc: bool,
+        /// Run CUDA's device malloc only on inputs with at most this many
+        /// rows (it takes minutes on millions of rows).
+        #[arg(long, default_value_t = 1 << 18)]
+        malloc_max_rows: usize,
         /// Skip cuSPARSE.
         #[arg(long)]
         no_cusparse: bool,
@@ -118,6 +122,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             json,
             chart,
             no_malloc,
+            malloc_max_rows,
             no_cusparse,
         }) => {
             use cuheap::bench::spgemm as demo;
@@ -125,6 +130,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 reps: reps.max(1),
                 cusparse: !no_cusparse,
                 malloc: !no_malloc,
+                malloc_max_rows,
                 ..demo::Config::default()
             };
             if let Some(list) = inputs {

@@ -29,6 +29,8 @@ extern "C" {
     fn nvvm_bar_warp_sync(mask: u32);
     #[link_name = "llvm.nvvm.barrier0"]
     fn nvvm_barrier0();
+    #[link_name = "llvm.nvvm.vote.ballot.sync"]
+    fn nvvm_ballot(mask: u32, pred: bool) -> u32;
 }
 
 // The block's dynamic shared memory (the launch's `shared_bytes`), declared
@@ -152,6 +154,28 @@ pub fn grid_blocks() -> u32 {
 pub unsafe fn shfl_up(mask: u32, v: u32, delta: u32) -> u32 {
     // SAFETY: forwarded from the caller.
     unsafe { nvvm_shfl_up(mask, v as i32, delta as i32, 0) as u32 }
+}
+
+/// The lanes of `mask` whose `pred` is true (`vote.sync.ballot`).
+///
+/// # Safety
+///
+/// As for [`match_any`].
+#[inline(always)]
+pub unsafe fn ballot(mask: u32, pred: bool) -> u32 {
+    // SAFETY: forwarded from the caller.
+    unsafe { nvvm_ballot(mask, pred) }
+}
+
+/// `v` of lane `src` for every lane of `mask`, 64 bits (two `shfl.sync`).
+///
+/// # Safety
+///
+/// As for [`shfl`].
+#[inline(always)]
+pub unsafe fn shfl_u64(mask: u32, v: u64, src: u32) -> u64 {
+    // SAFETY: forwarded from the caller.
+    unsafe { (shfl(mask, (v >> 32) as u32, src) as u64) << 32 | shfl(mask, v as u32, src) as u64 }
 }
 
 /// Waits for every lane of `mask` and orders their memory accesses

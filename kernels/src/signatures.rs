@@ -175,34 +175,89 @@ signatures! {
     /// As for `spgemm_analyse`.
     fn spgemm::spgemm_place(problem: *const Problem);
 
-    /// SpGEMM, symbolic pass over the rows of `bin`: nonzeros per row.
+    /// SpGEMM, `count` over the rows of the thread bin.
     ///
     /// # Safety
     ///
-    /// As for `spgemm_analyse`; the shape of the bin's launch.
-    fn spgemm::spgemm_count(problem: *const Problem, bin: u32);
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_count_thread(problem: *const Problem);
 
-    /// SpGEMM, numeric pass over the rows of `bin`, into C.
+    /// SpGEMM, `count` over the rows of the hash bin `bin` (warp or block).
     ///
     /// # Safety
     ///
-    /// As for `spgemm_count`, after the scan and with C allocated.
-    fn spgemm::spgemm_numeric(problem: *const Problem, bin: u32);
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_count_hash(problem: *const Problem, bin: u32);
 
-    /// SpGEMM in one pass over the rows of `bin`: each row's output
-    /// allocated from `heap` (a block per row, or chunks of `chunk` bytes).
+    /// SpGEMM, `count` over the rows of the dense bin.
     ///
     /// # Safety
     ///
-    /// As for `spgemm_count`; `heap` stays live until the kernel ends.
-    fn spgemm::spgemm_cuheap(heap: HeapHandle, problem: *const Problem, bin: u32, chunk: u32);
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_count_dense(problem: *const Problem);
 
-    /// `spgemm_cuheap` on CUDA's device `malloc`.
+    /// SpGEMM, `numeric` over the rows of the thread bin.
     ///
     /// # Safety
     ///
-    /// As for `spgemm_count`.
-    fn spgemm::spgemm_malloc(problem: *const Problem, bin: u32);
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_numeric_thread(problem: *const Problem);
+
+    /// SpGEMM, `numeric` over the rows of the hash bin `bin` (warp or block).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_numeric_hash(problem: *const Problem, bin: u32);
+
+    /// SpGEMM, `numeric` over the rows of the dense bin.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_numeric_dense(problem: *const Problem);
+
+    /// SpGEMM, `cuheap` over the rows of the thread bin.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; `heap` stays live until the kernel ends; the bin's launch shape.
+    fn spgemm::spgemm_cuheap_thread(problem: *const Problem, heap: HeapHandle, chunk: u32);
+
+    /// SpGEMM, `cuheap` over the rows of the hash bin `bin` (warp or block).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; `heap` stays live until the kernel ends; the bin's launch shape.
+    fn spgemm::spgemm_cuheap_hash(problem: *const Problem, bin: u32, heap: HeapHandle, chunk: u32);
+
+    /// SpGEMM, `cuheap` over the rows of the dense bin.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; `heap` stays live until the kernel ends; the bin's launch shape.
+    fn spgemm::spgemm_cuheap_dense(problem: *const Problem, heap: HeapHandle, chunk: u32);
+
+    /// SpGEMM, `malloc` over the rows of the thread bin.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_malloc_thread(problem: *const Problem);
+
+    /// SpGEMM, `malloc` over the rows of the hash bin `bin` (warp or block).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_malloc_hash(problem: *const Problem, bin: u32);
+
+    /// SpGEMM, `malloc` over the rows of the dense bin.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; the bin's launch shape.
+    fn spgemm::spgemm_malloc_dense(problem: *const Problem);
 
     /// SpGEMM scan, step 1: nonzeros per tile into `sums`.
     ///

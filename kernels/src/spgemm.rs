@@ -26,10 +26,10 @@ mod problem;
 
 use crate::arch::{
     activemask, atomic_add_f64, block_index, block_threads, dynamic_shared, global_thread,
-    grid_blocks, grid_threads, laneid, match_any, shfl, shfl_up, sync_block, sync_warp,
+    grid_blocks, grid_threads, laneid, match_any, shfl, shfl_u64, shfl_up, sync_block, sync_warp,
     thread_in_block,
 };
-use crate::device_heap::{dev_alloc_single, dev_free, dev_free_single};
+use crate::device_heap::{dev_alloc, dev_alloc_single, dev_free, dev_free_single};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use cuheap_core::HeapHandle;
 pub use problem::*;
@@ -118,15 +118,31 @@ pub unsafe fn spgemm_analyse(problem: *const Problem) {
     for _ in 0..rounds {
         let mut products = 0u64;
         if row < p.rows {
+            // The row's columns lie between the lowest first column and the
+            // highest last column of the rows of B it meets (B's rows are
+            // sorted): a tighter bound than the products for banded and
+            // other local patterns.
+            let (mut lo, mut hi) = (u32::MAX, 0u32);
             // SAFETY: row < rows: A's offsets hold rows + 1 values, B's
-            // offsets one per column of A plus one.
+            // offsets one per column of A plus one; a non-empty row of B
+            // has its first and last columns at bs and be - 1.
             unsafe {
                 for j in at::<u64>(p.a_offsets, row)..at::<u64>(p.a_offsets, row + 1) {
                     let k = at::<u32>(p.a_cols, j) as u64;
-                    products += at::<u64>(p.b_offsets, k + 1) - at::<u64>(p.b_offsets, k);
+                    let (bs, be) = (at::<u64>(p.b_offsets, k), at::<u64>(p.b_offsets, k + 1));
+                    if be > bs {
+                        products += be - bs;
+                        lo = lo.min(at::<u32>(p.b_cols, bs));
+                        hi = hi.max(at::<u32>(p.b_cols, be - 1));
+                    }
                 }
             }
-            let bound = products.min(p.cols) as u32;
+            let span = if products == 0 {
+                0
+            } else {
+                (hi - lo) as u64 + 1
+            };
+            let bound = products.min(p.cols).min(span) as u32;
             // SAFETY: row < rows.
             unsafe { put(p.row_bound, row, bound) };
             let bin = bin_of(bound);
@@ -240,6 +256,19 @@ trait Output {
     ///
     /// `row < p.rows`; `p` as in the module documentation.
     unsafe fn place(&mut self, p: &Problem, row: u64, n: u32) -> Place;
+    /// `place` for the 32 lanes of a warp at once, each with its own row
+    /// (`None`: this lane has none): every lane of the warp calls it.
+    ///
+    /// # Safety
+    ///
+    /// As for `place`; all 32 lanes call it together.
+    unsafe fn place_lanes(&mut self, p: &Problem, row: Option<u64>, n: u32) -> Place {
+        match row {
+            // SAFETY: forwarded.
+            Some(row) => unsafe { self.place(p, row, n) },
+            None => Place::Nothing,
+        }
+    }
     /// The dense accumulator of this block (`bytes`), or null. Called by
     /// thread 0 of the block.
     ///
@@ -294,12 +323,55 @@ impl Output for Csr {
     unsafe fn release(&mut self, _s: *mut u8) {}
 }
 
+/// Bytes of a row's block: `n` values and `n` columns, in 16-byte units.
+#[inline(always)]
+fn need_of(n: u32) -> u64 {
+    (n as u64 * ENTRY_BYTES as u64).div_ceil(16) * 16
+}
+
+/// Records a one-pass row: its nonzeros and block (bit 0: `owner`), or,
+/// with no block for a non-empty row, its failure.
+///
+/// # Safety
+///
+/// `row < p.rows`; a non-null `block` holds `need_of(n)` bytes.
+#[inline(always)]
+unsafe fn record(p: &Problem, row: u64, n: u32, block: *mut u8, owner: u64) -> Place {
+    if n > 0 && block.is_null() {
+        // SAFETY: forwarded.
+        return unsafe { fail(p, row) };
+    }
+    // SAFETY: row < rows.
+    unsafe {
+        put(p.row_nnz, row, n);
+        put(
+            p.row_blocks,
+            row,
+            if n == 0 { 0 } else { block as u64 | owner },
+        );
+    }
+    if n == 0 {
+        return Place::Nothing;
+    }
+    // SAFETY: the block holds n values then n columns.
+    unsafe { Place::To(block as *mut f64, block.add(8 * n as usize) as *mut u32) }
+}
+
 /// An in-kernel allocator.
 trait Alloc {
     /// # Safety
     ///
     /// The allocator is live.
     unsafe fn alloc(&self, bytes: u64) -> *mut u8;
+    /// `alloc` called by many lanes of a warp at once, each for itself.
+    ///
+    /// # Safety
+    ///
+    /// The allocator is live.
+    unsafe fn alloc_lanes(&self, bytes: u64) -> *mut u8 {
+        // SAFETY: forwarded.
+        unsafe { self.alloc(bytes) }
+    }
     /// # Safety
     ///
     /// `p` came from `alloc` and is not yet freed.
@@ -310,6 +382,13 @@ trait Alloc {
 struct OnHeap<'h>(&'h HeapHandle);
 
 impl Alloc for OnHeap<'_> {
+    // The warp-cooperative path: the lanes that ask together share the
+    // atomics of a size class.
+    #[inline(never)]
+    unsafe fn alloc_lanes(&self, bytes: u64) -> *mut u8 {
+        // SAFETY: forwarded: the heap is live.
+        unsafe { dev_alloc(self.0, bytes as usize) }
+    }
     // One thread allocates for its whole group, and rarely: out of line,
     // the allocator's registers do not count against the row kernels'.
     #[inline(never)]
@@ -361,16 +440,14 @@ impl<A: Alloc> Blocks<A> {
 
 impl<A: Alloc> Output for Blocks<A> {
     const NUMERIC: bool = true;
+    // Out of line: the allocation's registers stay out of the row loop.
+    #[inline(never)]
     unsafe fn place(&mut self, p: &Problem, row: u64, n: u32) -> Place {
         if n == 0 {
             // SAFETY: row < rows.
-            unsafe {
-                put(p.row_nnz, row, 0u32);
-                put(p.row_blocks, row, 0u64);
-            }
-            return Place::Nothing;
+            return unsafe { record(p, row, 0, core::ptr::null_mut(), 0) };
         }
-        let need = (n as u64 * ENTRY_BYTES as u64).div_ceil(16) * 16;
+        let need = need_of(n);
         let (block, owner) = if self.chunk == 0 {
             // SAFETY: the allocator is live for the kernel.
             (unsafe { self.alloc.alloc(need) }, 1)
@@ -391,16 +468,59 @@ impl<A: Alloc> Output for Blocks<A> {
             }
             (block, owner)
         };
-        if block.is_null() {
+        // SAFETY: row < rows.
+        unsafe { record(p, row, n, block, owner) }
+    }
+    // Out of line: the allocation's registers stay out of the row loop.
+    #[inline(never)]
+    unsafe fn place_lanes(&mut self, p: &Problem, row: Option<u64>, n: u32) -> Place {
+        let need = if row.is_some() { need_of(n) } else { 0 };
+        if self.chunk == 0 {
+            let Some(row) = row else {
+                return Place::Nothing;
+            };
+            let block = if n == 0 {
+                core::ptr::null_mut()
+            } else {
+                // SAFETY: the allocator is live; lanes allocate together.
+                unsafe { self.alloc.alloc_lanes(need) }
+            };
             // SAFETY: row < rows.
-            return unsafe { fail(p, row) };
+            return unsafe { record(p, row, n, block, 1) };
         }
-        // SAFETY: row < rows; the block holds n values then n columns.
-        unsafe {
-            put(p.row_nnz, row, n);
-            put(p.row_blocks, row, block as u64 | owner);
-            Place::To(block as *mut f64, block.add(8 * n as usize) as *mut u32)
+        // One block for the warp's rows: each lane's part at the prefix
+        // sum of the needs before it; the first lane with a row owns it.
+        let lane = laneid();
+        let mut incl = need;
+        let mut d = 1;
+        while d < 32 {
+            // SAFETY: all 32 lanes run every step (the caller's contract).
+            let y = unsafe { shfl_up(FULL, incl as u32, d) } as u64;
+            if lane >= d {
+                incl += y;
+            }
+            d *= 2;
         }
+        // SAFETY: as above.
+        let total = unsafe { shfl(FULL, incl as u32, 31) } as u64;
+        let mut base = 0u64;
+        if lane == 31 && total > 0 {
+            // SAFETY: the allocator is live.
+            base = unsafe { self.alloc.alloc(total) } as u64;
+        }
+        // SAFETY: as above.
+        let base = unsafe { shfl_u64(FULL, base, 31) };
+        let Some(row) = row else {
+            return Place::Nothing;
+        };
+        let excl = incl - need;
+        let block = if n == 0 || base == 0 {
+            core::ptr::null_mut()
+        } else {
+            (base + excl) as *mut u8
+        };
+        // SAFETY: row < rows.
+        unsafe { record(p, row, n, block, (excl == 0) as u64) }
     }
     unsafe fn scratch(&mut self, _p: &Problem, bytes: u64) -> *mut u8 {
         // SAFETY: the allocator is live.
@@ -470,30 +590,76 @@ unsafe fn for_products(
     row: u64,
     g: Group,
     numeric: bool,
+    stage: Option<*mut u64>,
     mut f: impl FnMut(u32, f64),
 ) {
     let size = g.size as u64;
     let mut base = 0u64;
-    // SAFETY: row < rows; every index below is inside A or B.
-    unsafe {
-        for j in at::<u64>(p.a_offsets, row)..at::<u64>(p.a_offsets, row + 1) {
-            let k = at::<u32>(p.a_cols, j) as u64;
-            let a = if numeric { at::<f64>(p.a_vals, j) } else { 0.0 };
-            let (bs, be) = (at::<u64>(p.b_offsets, k), at::<u64>(p.b_offsets, k + 1));
-            let len = be - bs;
-            let mut o = (g.rank as u64 + size - base % size) % size;
-            while o < len {
-                let idx = bs + o;
-                let v = if numeric {
-                    a * at::<f64>(p.b_vals, idx)
-                } else {
-                    0.0
-                };
-                f(at::<u32>(p.b_cols, idx), v);
-                o += size;
+    let mut each = |bs: u64, len: u64, a: f64, base: u64| {
+        let mut o = (g.rank as u64 + size - base % size) % size;
+        while o < len {
+            let idx = bs + o;
+            let v = if numeric {
+                // SAFETY: idx < the end of B's row.
+                a * unsafe { at::<f64>(p.b_vals, idx) }
+            } else {
+                0.0
+            };
+            // SAFETY: as above.
+            f(unsafe { at::<u32>(p.b_cols, idx) }, v);
+            o += size;
+        }
+    };
+    // SAFETY: row < rows.
+    let (start, end) = unsafe { (at::<u64>(p.a_offsets, row), at::<u64>(p.a_offsets, row + 1)) };
+    let Some(stage) = stage else {
+        for j in start..end {
+            // SAFETY: j is an entry of A's row; k a row of B.
+            unsafe {
+                let k = at::<u32>(p.a_cols, j) as u64;
+                let a = if numeric { at::<f64>(p.a_vals, j) } else { 0.0 };
+                let bs = at::<u64>(p.b_offsets, k);
+                let len = at::<u64>(p.b_offsets, k + 1) - bs;
+                each(bs, len, a, base);
+                base += len;
             }
+        }
+        return;
+    };
+    // A group stages up to `size` entries of the row at a time, one per
+    // thread, so the loads of B's offsets overlap instead of following
+    // each other.
+    let (st_bs, st_len, st_a) = (
+        stage,
+        stage.wrapping_add(g.size as usize),
+        stage.wrapping_add(2 * g.size as usize),
+    );
+    let mut j0 = start;
+    while j0 < end {
+        let count = (end - j0).min(size);
+        if (g.rank as u64) < count {
+            let j = j0 + g.rank as u64;
+            // SAFETY: j < end; the stage holds 3 x size words of the group.
+            unsafe {
+                let k = at::<u32>(p.a_cols, j) as u64;
+                let bs = at::<u64>(p.b_offsets, k);
+                *st_bs.add(g.rank as usize) = bs;
+                *st_len.add(g.rank as usize) = at::<u64>(p.b_offsets, k + 1) - bs;
+                *st_a.add(g.rank as usize) = if numeric { at::<u64>(p.a_vals, j) } else { 0 };
+            }
+        }
+        // SAFETY: every thread of the group runs the loop (uniform bounds).
+        unsafe { g.sync() };
+        for e in 0..count as usize {
+            // SAFETY: e < count: staged above.
+            let (bs, len, a) =
+                unsafe { (*st_bs.add(e), *st_len.add(e), f64::from_bits(*st_a.add(e))) };
+            each(bs, len, a, base);
             base += len;
         }
+        // SAFETY: as above: the stage is refilled next.
+        unsafe { g.sync() };
+        j0 += count;
     }
 }
 
@@ -601,7 +767,7 @@ unsafe fn hash_rows<O: Output>(p: &Problem, bin: u32, out: &mut O) {
     let smem = dynamic_shared();
     // SAFETY: HASH_SHARED bytes: a header per warp, then per group a
     // table of `table_max` entries and a sort buffer of half that.
-    let (header, vals, sort_vals, keys, sort_keys) = unsafe {
+    let (header, vals, sort_vals, keys, sort_keys, stage) = unsafe {
         let header = smem.add((index * GROUP_HEADER) as usize) as *mut Header;
         let slice = smem.add(
             ((HASH_BLOCK / 32) * GROUP_HEADER + index * table_max * 3 / 2 * ENTRY_BYTES) as usize,
@@ -610,7 +776,8 @@ unsafe fn hash_rows<O: Output>(p: &Problem, bin: u32, out: &mut O) {
         let sort_vals = vals.add(table_max as usize);
         let keys = sort_vals.add(table_max as usize / 2) as *mut u32;
         let sort_keys = keys.add(table_max as usize);
-        (header, vals, sort_vals, keys, sort_keys)
+        let stage = smem.add((HASH_TABLES + index * size * STAGE_BYTES) as usize) as *mut u64;
+        (header, vals, sort_vals, keys, sort_keys, stage)
     };
     // SAFETY: analyse and place ran.
     let (count, base) = unsafe { (at::<u32>(p.bins, bin as u64) as u64, bin_base(p, bin)) };
@@ -644,7 +811,7 @@ unsafe fn hash_rows<O: Output>(p: &Problem, bin: u32, out: &mut O) {
         let nnz = unsafe { AtomicU32::from_ptr(&raw mut (*header).nnz) };
         // SAFETY: the table has 2 x bound >= 2 x distinct columns entries.
         unsafe {
-            for_products(p, row, g, O::NUMERIC, |col, v| {
+            for_products(p, row, g, O::NUMERIC, Some(stage), |col, v| {
                 insert(O::NUMERIC, keys, vals, cap - 1, nnz, col, v)
             })
         };
@@ -709,6 +876,88 @@ unsafe fn hash_rows<O: Output>(p: &Problem, bin: u32, out: &mut O) {
         }
         // SAFETY: as above: the next row reuses the table.
         unsafe { g.sync() };
+        i += stride;
+    }
+}
+
+/// The thread bin: a thread per row, grid-stride over the bin's rows, in
+/// rounds that every lane of a warp runs (the warp places its rows
+/// together). Each thread keeps its row sorted, columns merged, in its own
+/// `THREAD_BOUND` entries of shared memory (strided by the block size, so
+/// the threads of a warp use different banks).
+///
+/// # Safety
+///
+/// See the module documentation; launched with `THREAD_BLOCK` threads and
+/// `THREAD_SHARED` bytes of dynamic shared memory, whole warps.
+#[inline(always)]
+unsafe fn thread_rows<O: Output>(p: &Problem, out: &mut O) {
+    let tid = thread_in_block() as usize;
+    let bd = block_threads() as usize;
+    let vals = dynamic_shared() as *mut f64;
+    // SAFETY: THREAD_SHARED bytes: THREAD_BOUND values, then as many
+    // columns, per thread.
+    let keys = unsafe { vals.add(THREAD_BOUND as usize * bd) } as *mut u32;
+    let slot = |q: u32| q as usize * bd + tid;
+    // SAFETY: analyse and place ran.
+    let (count, base) = unsafe {
+        (
+            at::<u32>(p.bins, BIN_THREAD as u64) as u64,
+            bin_base(p, BIN_THREAD),
+        )
+    };
+    let stride = grid_threads() as u64;
+    let mut i = global_thread() as u64;
+    for _ in 0..count.div_ceil(stride) {
+        // SAFETY: i < the bin's count.
+        let row = (i < count).then(|| unsafe { at::<u32>(p.bin_rows, base + i) } as u64);
+        let mut n = 0u32;
+        if let Some(row) = row {
+            let g = Group {
+                size: 1,
+                rank: 0,
+                warp: false,
+            };
+            // SAFETY: row < rows; slot(q) for q < n + 1 <= THREAD_BOUND
+            // (the row has at most `bound` distinct columns).
+            unsafe {
+                for_products(p, row, g, O::NUMERIC, None, |col, v| {
+                    let mut q = n;
+                    while q > 0 && *keys.add(slot(q - 1)) > col {
+                        q -= 1;
+                    }
+                    if q > 0 && *keys.add(slot(q - 1)) == col {
+                        if O::NUMERIC {
+                            *vals.add(slot(q - 1)) += v;
+                        }
+                        return;
+                    }
+                    let mut r = n;
+                    while r > q {
+                        *keys.add(slot(r)) = *keys.add(slot(r - 1));
+                        if O::NUMERIC {
+                            *vals.add(slot(r)) = *vals.add(slot(r - 1));
+                        }
+                        r -= 1;
+                    }
+                    *keys.add(slot(q)) = col;
+                    if O::NUMERIC {
+                        *vals.add(slot(q)) = v;
+                    }
+                    n += 1;
+                });
+            }
+        }
+        // SAFETY: every lane of the warp runs every round.
+        if let Place::To(ov, oc) = unsafe { out.place_lanes(p, row, n) } {
+            for q in 0..n {
+                // SAFETY: q < n: the row's sorted entries and its output.
+                unsafe {
+                    *ov.add(q as usize) = *vals.add(slot(q));
+                    *oc.add(q as usize) = *keys.add(slot(q));
+                }
+            }
+        }
         i += stride;
     }
 }
@@ -839,16 +1088,23 @@ unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
         }
         // SAFETY: row < rows; the accumulator covers every column.
         unsafe {
-            for_products(p, row, g, O::NUMERIC, |col, v| {
-                let w = atomic_u32(bits, col as u64 / 32);
-                let bit = 1u32 << (col % 32);
-                if w.load(Relaxed) & bit == 0 {
-                    w.fetch_or(bit, Relaxed);
-                }
-                if O::NUMERIC {
-                    atomic_add_f64((vals as *mut f64).add(col as usize), v);
-                }
-            });
+            for_products(
+                p,
+                row,
+                g,
+                O::NUMERIC,
+                Some(smem.add(DENSE_STAGE as usize / 8)),
+                |col, v| {
+                    let w = atomic_u32(bits, col as u64 / 32);
+                    let bit = 1u32 << (col % 32);
+                    if w.load(Relaxed) & bit == 0 {
+                        w.fetch_or(bit, Relaxed);
+                    }
+                    if O::NUMERIC {
+                        atomic_add_f64((vals as *mut f64).add(col as usize), v);
+                    }
+                },
+            );
             sync_block();
         }
         let mut mine = 0u64;
@@ -904,65 +1160,70 @@ unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
     }
 }
 
-/// # Safety
-///
-/// As for the entry points.
-#[inline(always)]
-unsafe fn rows<O: Output>(problem: *const Problem, bin: u32, out: &mut O) {
-    // SAFETY: the launch's contract.
-    let p = unsafe { &*problem };
-    // SAFETY: forwarded.
-    unsafe {
-        if bin == BIN_DENSE {
-            dense_rows(p, out)
-        } else {
-            hash_rows(p, bin, out)
+// Entry bodies: a kernel per method and kind of bin, so each gets the
+// registers its own path needs (one kernel for all three would spill).
+macro_rules! method_kernels {
+    ($(
+        $(#[$doc:meta])*
+        [$thread:ident, $hash:ident, $dense:ident]($($arg:ident: $ty:ty),*) => $out:expr;
+    )*) => {$(
+        $(#[$doc])*
+        /// Rows of the thread bin.
+        pub unsafe fn $thread(problem: *const Problem $(, $arg: $ty)*) {
+            // SAFETY: the launch's contract, forwarded.
+            unsafe { thread_rows(&*problem, &mut $out) }
         }
-    }
+
+        $(#[$doc])*
+        /// Rows of the hash bin `bin` (a warp or a block per row).
+        pub unsafe fn $hash(problem: *const Problem, bin: u32 $(, $arg: $ty)*) {
+            // SAFETY: the launch's contract, forwarded.
+            unsafe { hash_rows(&*problem, bin, &mut $out) }
+        }
+
+        $(#[$doc])*
+        /// Rows of the dense bin.
+        pub unsafe fn $dense(problem: *const Problem $(, $arg: $ty)*) {
+            // SAFETY: the launch's contract, forwarded.
+            unsafe { dense_rows(&*problem, &mut $out) }
+        }
+    )*};
 }
 
-/// Symbolic pass over the rows of `bin`: `row_nnz`.
-///
-/// # Safety
-///
-/// See the module documentation; the dense bin needs `scratch`.
-pub unsafe fn spgemm_count(problem: *const Problem, bin: u32) {
-    // SAFETY: forwarded.
-    unsafe { rows(problem, bin, &mut Count) }
-}
+method_kernels! {
+    /// Symbolic pass: `row_nnz`.
+    ///
+    /// # Safety
+    ///
+    /// See the module documentation; the dense kernel needs `scratch`.
+    [spgemm_count_thread, spgemm_count_hash, spgemm_count_dense]() => Count;
 
-/// Numeric pass over the rows of `bin`: C's columns and values at the
-/// offsets scanned from the symbolic pass.
-///
-/// # Safety
-///
-/// As for [`spgemm_count`]; C's offsets are scanned and its arrays allocated.
-pub unsafe fn spgemm_numeric(problem: *const Problem, bin: u32) {
-    // SAFETY: forwarded.
-    unsafe { rows(problem, bin, &mut Csr) }
-}
+    /// Numeric pass: C's columns and values at the offsets scanned from the
+    /// symbolic pass.
+    ///
+    /// # Safety
+    ///
+    /// As for the symbolic pass, after the scan, with C allocated.
+    [spgemm_numeric_thread, spgemm_numeric_hash, spgemm_numeric_dense]() => Csr;
 
-/// One pass over the rows of `bin` with cuheap: each row's output in a
-/// block from `heap` (`chunk == 0`) or carved from chunks of `chunk`
-/// bytes; `row_nnz` and `row_blocks`; a row whose block could not be
-/// allocated is counted in `status[STATUS_FAILED_ROWS]`.
-///
-/// # Safety
-///
-/// See the module documentation; `heap` stays live until the kernel ends.
-pub unsafe fn spgemm_cuheap(heap: HeapHandle, problem: *const Problem, bin: u32, chunk: u32) {
-    // SAFETY: forwarded.
-    unsafe { rows(problem, bin, &mut Blocks::new(OnHeap(&heap), chunk)) }
-}
+    /// One pass on cuheap: each row's output in a block from `heap`
+    /// (`chunk == 0`) or carved from chunks of `chunk` bytes (a warp's rows
+    /// share one block in the thread kernel); `row_nnz` and `row_blocks`; a
+    /// row whose block could not be allocated is counted in
+    /// `status[STATUS_FAILED_ROWS]`.
+    ///
+    /// # Safety
+    ///
+    /// See the module documentation; `heap` stays live until the kernel ends.
+    [spgemm_cuheap_thread, spgemm_cuheap_hash, spgemm_cuheap_dense](heap: HeapHandle, chunk: u32)
+        => Blocks::new(OnHeap(&heap), chunk);
 
-/// [`spgemm_cuheap`] on CUDA's device heap, a block per row.
-///
-/// # Safety
-///
-/// See the module documentation.
-pub unsafe fn spgemm_malloc(problem: *const Problem, bin: u32) {
-    // SAFETY: forwarded.
-    unsafe { rows(problem, bin, &mut Blocks::new(OnMalloc, 0)) }
+    /// One pass on CUDA's device `malloc`, a block per row.
+    ///
+    /// # Safety
+    ///
+    /// See the module documentation.
+    [spgemm_malloc_thread, spgemm_malloc_hash, spgemm_malloc_dense]() => Blocks::new(OnMalloc, 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -1078,7 +1339,11 @@ pub unsafe fn spgemm_scan_apply(problem: *const Problem, sums: *const u64) {
 // ---------------------------------------------------------------------------
 // One pass: compaction and free
 
-/// A warp per row: copies the row's block into C at its offset.
+/// Copies every row's block into C, by C's entries: a warp takes
+/// `COMPACT_TILE` consecutive entries and its lanes take every 32nd of
+/// them, so reads and writes are coalesced whatever the row lengths. A
+/// lane finds the row of its first entry by binary search over C's
+/// offsets, then walks forward.
 ///
 /// # Safety
 ///
@@ -1088,23 +1353,52 @@ pub unsafe fn spgemm_compact(problem: *const Problem) {
     // SAFETY: the launch's contract.
     let p = unsafe { &*problem };
     let lane = laneid() as u64;
-    let mut row = (global_thread() / 32) as u64;
-    let stride = (grid_threads() / 32) as u64;
-    while row < p.rows {
-        // SAFETY: row < rows; the block holds n values then n columns; C
-        // holds the row's n entries from its offset.
-        unsafe {
-            let n = at::<u32>(p.row_nnz, row) as u64;
-            let block = at::<u64>(p.row_blocks, row) & !1;
-            let off = at::<u64>(p.c_offsets, row);
-            let mut q = lane;
-            while q < n {
-                put(p.c_vals, off + q, at::<f64>(block, q));
-                put(p.c_cols, off + q, at::<u32>(block + 8 * n, q));
-                q += 32;
+    // SAFETY: C's offsets hold rows + 1 words.
+    let nnz = unsafe { at::<u64>(p.c_offsets, p.rows) };
+    let mut tile = (global_thread() / 32) as u64 * COMPACT_TILE;
+    let stride = (grid_threads() / 32) as u64 * COMPACT_TILE;
+    while tile < nnz {
+        let mut e = tile + lane;
+        if e < nnz {
+            // The row of e: the last r with offsets[r] <= e (a non-empty
+            // row, since e < nnz).
+            let (mut lo, mut hi) = (0u64, p.rows);
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                // SAFETY: mid < rows.
+                if unsafe { at::<u64>(p.c_offsets, mid) } <= e {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            let mut r = lo;
+            let end_of = |r: u64| -> (u64, u64, u64) {
+                // SAFETY: r < rows; the row's block holds its n values
+                // then n columns.
+                unsafe {
+                    let start = at::<u64>(p.c_offsets, r);
+                    let end = at::<u64>(p.c_offsets, r + 1);
+                    (start, end, at::<u64>(p.row_blocks, r) & !1)
+                }
+            };
+            let (mut start, mut end, mut block) = end_of(r);
+            let last = (tile + COMPACT_TILE).min(nnz);
+            while e < last {
+                while e >= end {
+                    r += 1;
+                    (start, end, block) = end_of(r);
+                }
+                let (q, n) = (e - start, end - start);
+                // SAFETY: q < n: inside the row's block and C.
+                unsafe {
+                    put(p.c_vals, e, at::<f64>(block, q));
+                    put(p.c_cols, e, at::<u32>(block + 8 * n, q));
+                }
+                e += 32;
             }
         }
-        row += stride;
+        tile += stride;
     }
 }
 

@@ -30,13 +30,13 @@ pub const MAX_REGISTERS: u32 = 64;
 /// products need them: at most [`MAX_REGISTERS`] registers per thread. It
 /// shares the device's primary context (memory, heaps, streams) with
 /// every other [`Gpu`] of this process.
+/// `CUHEAP_MAX_REGISTERS` (16..=255) overrides the cap.
 pub fn open_gpu() -> Result<Gpu> {
-    Gpu::open_with_options(
-        crate::BENCH_PTX,
-        cuheap_host::LoadOptions {
-            max_registers: Some(MAX_REGISTERS),
-        },
-    )
+    let mut options = crate::load_options()?;
+    if std::env::var_os("CUHEAP_MAX_REGISTERS").is_none() {
+        options.max_registers = Some(MAX_REGISTERS);
+    }
+    Gpu::open_with_options(crate::BENCH_PTX, options)
 }
 
 /// How the rows of C are allocated.
@@ -52,6 +52,11 @@ pub enum Method {
 }
 
 impl Method {
+    /// cuheap's default: chunks of 8 KiB, which measured faster than a
+    /// block per row on every input of `cuheap demo spgemm` but one, where
+    /// it was 1% slower (docs/spgemm-*-h100.txt).
+    pub const CUHEAP: Method = Method::Cuheap { chunk: 8192 };
+
     /// A short name for tables.
     pub fn name(&self) -> String {
         match self {
@@ -164,6 +169,18 @@ impl Runner<'_> {
         } = *self;
         let rows = a.rows;
         let one_pass = method != Method::TwoPass;
+        // CUHEAP_SPGEMM_PHASES=1: wait after each phase and print its time
+        // (to find where a product spends it; the waits add to the total).
+        let phases = std::env::var_os("CUHEAP_SPGEMM_PHASES").is_some();
+        let mut clock = std::time::Instant::now();
+        let mut phase = |name: &str| -> Result<()> {
+            if phases {
+                gpu.sync()?;
+                eprintln!("  {name}: {:.3} ms", clock.elapsed().as_secs_f64() * 1e3);
+                clock = std::time::Instant::now();
+            }
+            Ok(())
+        };
         let mut ws = Workspace { gpu, bytes: 0 };
         let row_bound = ws.alloc(rows * 4)?;
         let bin_rows = ws.alloc(rows * 4)?;
@@ -208,6 +225,7 @@ impl Runner<'_> {
             k.spgemm_analyse(&per_row, p)?;
             k.spgemm_place(&per_row, p)?;
         }
+        phase("workspace, analyse, place")?;
         let mut counts = [0u32; BINS];
         bins.read(0, &mut counts)?;
         let sms = gpu.info().sms.max(1);
@@ -226,6 +244,11 @@ impl Runner<'_> {
         let launches = |bin: u32| -> LaunchConfig<'static> {
             let n = counts[bin as usize];
             match bin {
+                BIN_THREAD => LaunchConfig::shape(
+                    (n.div_ceil(THREAD_BLOCK).min(sms * 64), 1, 1),
+                    (THREAD_BLOCK, 1, 1),
+                )
+                .with_shared_bytes(THREAD_SHARED),
                 BIN_WARP => LaunchConfig::shape(
                     (n.div_ceil(HASH_BLOCK / 32).min(sms * 12), 1, 1),
                     (HASH_BLOCK, 1, 1),
@@ -238,27 +261,38 @@ impl Runner<'_> {
             }
         };
         let row_kernels = |numeric: bool| -> Result<()> {
-            for bin in [BIN_DENSE, BIN_BLOCK, BIN_WARP] {
+            for bin in [BIN_DENSE, BIN_BLOCK, BIN_WARP, BIN_THREAD] {
                 if counts[bin as usize] == 0 {
                     continue;
                 }
                 let cfg = launches(bin);
                 // SAFETY: as above; the shape is the bin's (problem.rs).
                 unsafe {
-                    match (method, numeric) {
-                        (Method::TwoPass, false) => k.spgemm_count(&cfg, p, bin)?,
-                        (Method::TwoPass, true) => k.spgemm_numeric(&cfg, p, bin)?,
-                        (Method::Cuheap { chunk }, _) => {
+                    match (method, numeric, bin) {
+                        (Method::TwoPass, false, BIN_THREAD) => k.spgemm_count_thread(&cfg, p)?,
+                        (Method::TwoPass, false, BIN_DENSE) => k.spgemm_count_dense(&cfg, p)?,
+                        (Method::TwoPass, false, _) => k.spgemm_count_hash(&cfg, p, bin)?,
+                        (Method::TwoPass, true, BIN_THREAD) => k.spgemm_numeric_thread(&cfg, p)?,
+                        (Method::TwoPass, true, BIN_DENSE) => k.spgemm_numeric_dense(&cfg, p)?,
+                        (Method::TwoPass, true, _) => k.spgemm_numeric_hash(&cfg, p, bin)?,
+                        (Method::Cuheap { chunk }, _, _) => {
                             let heap = heap.expect("checked by multiply");
-                            k.spgemm_cuheap(&cfg, heap, p, bin, chunk)?
+                            match bin {
+                                BIN_THREAD => k.spgemm_cuheap_thread(&cfg, p, heap, chunk)?,
+                                BIN_DENSE => k.spgemm_cuheap_dense(&cfg, p, heap, chunk)?,
+                                _ => k.spgemm_cuheap_hash(&cfg, p, bin, heap, chunk)?,
+                            }
                         }
-                        (Method::CudaMalloc, _) => k.spgemm_malloc(&cfg, p, bin)?,
+                        (Method::CudaMalloc, _, BIN_THREAD) => k.spgemm_malloc_thread(&cfg, p)?,
+                        (Method::CudaMalloc, _, BIN_DENSE) => k.spgemm_malloc_dense(&cfg, p)?,
+                        (Method::CudaMalloc, _, _) => k.spgemm_malloc_hash(&cfg, p, bin)?,
                     }
                 }
             }
             Ok(())
         };
         row_kernels(false)?;
+        phase(if one_pass { "rows" } else { "symbolic pass" })?;
         let mut heap_bytes = 0;
         if measure {
             if let (Method::Cuheap { .. }, Some(h)) = (method, heap) {
@@ -266,9 +300,8 @@ impl Runner<'_> {
             }
         }
         let scan = LaunchConfig::shape((tiles as u32, 1, 1), (SCAN_BLOCK, 1, 1))
-            .with_shared_bytes(DENSE_SHARED);
-        let one =
-            LaunchConfig::shape((1, 1, 1), (SCAN_BLOCK, 1, 1)).with_shared_bytes(DENSE_SHARED);
+            .with_shared_bytes(SCAN_SHARED);
+        let one = LaunchConfig::shape((1, 1, 1), (SCAN_BLOCK, 1, 1)).with_shared_bytes(SCAN_SHARED);
         // SAFETY: as above; `sums` holds tiles + 1 words.
         unsafe {
             k.spgemm_scan_tiles(&scan, p, sums.as_ptr())?;
@@ -277,6 +310,7 @@ impl Runner<'_> {
         }
         let mut nnz = [0u64];
         c_offsets.read(rows * 8, &mut nnz)?;
+        phase("scan")?;
         let mut st = [0u64; STATUS_WORDS];
         status.read(0, &mut st)?;
         let free_rows = || -> Result<()> {
@@ -310,13 +344,18 @@ impl Runner<'_> {
         problem.c_cols = col_indices.ptr();
         problem.c_vals = values.ptr();
         problem_mem.write(0, &problem.to_words())?;
+        phase("allocate C")?;
         if one_pass {
-            let warps = LaunchConfig::for_threads((rows as u32).saturating_mul(32).min(1 << 30));
+            let tiles = (nnz as u64).div_ceil(COMPACT_TILE).clamp(1, 1 << 20) as u32;
+            let compact = LaunchConfig::for_threads(tiles * 32);
             // SAFETY: as above; C holds nnz entries.
-            unsafe { k.spgemm_compact(&warps, p)? };
+            unsafe { k.spgemm_compact(&compact, p)? };
+            phase("compact")?;
             free_rows()?;
+            phase("free rows")?;
         } else {
             row_kernels(true)?;
+            phase("numeric pass")?;
         }
         gpu.sync()?;
         let rows_memory = match method {

@@ -22,8 +22,9 @@ pub struct Problem {
     pub rows: u64,
     /// Columns of B (and C).
     pub cols: u64,
-    /// `u32` per row: min(intermediate products of the row, `cols`), a
-    /// bound on the row's nonzeros.
+    /// `u32` per row: a bound on the row's nonzeros: the least of its
+    /// intermediate products, `cols`, and the span from the lowest to the
+    /// highest column of the rows of B it meets.
     pub row_bound: u64,
     /// `u32` per row: the rows of each bin, bin after bin.
     pub bin_rows: u64,
@@ -85,17 +86,26 @@ pub const STATUS_FAILED_ROWS: usize = 1;
 pub const STATUS_WORDS: usize = 2;
 
 /// Bins, by the bound `b` on a row's nonzeros: rows with no products; a
-/// warp per row with a hash table in shared memory (`b <= WARP_BOUND`); a
-/// block of `HASH_BLOCK` threads per row with a larger one
-/// (`b <= BLOCK_BOUND`); a block of `DENSE_BLOCK` threads per row with a
-/// dense accumulator (a value per column and a bitmap) in global memory.
-pub const BINS: usize = 4;
+/// thread per row that keeps the row sorted in its own part of shared
+/// memory (`b <= THREAD_BOUND`); a warp per row with a hash table in shared
+/// memory (`b <= WARP_BOUND`); a block of `HASH_BLOCK` threads per row with
+/// a larger one (`b <= BLOCK_BOUND`); a block of `DENSE_BLOCK` threads per
+/// row with a dense accumulator (a value per column and a bitmap) in
+/// global memory.
+pub const BINS: usize = 5;
 pub const BIN_EMPTY: u32 = 0;
-pub const BIN_WARP: u32 = 1;
-pub const BIN_BLOCK: u32 = 2;
-pub const BIN_DENSE: u32 = 3;
+pub const BIN_THREAD: u32 = 1;
+pub const BIN_WARP: u32 = 2;
+pub const BIN_BLOCK: u32 = 3;
+pub const BIN_DENSE: u32 = 4;
+pub const THREAD_BOUND: u32 = 32;
 pub const WARP_BOUND: u32 = 128;
 pub const BLOCK_BOUND: u32 = 1024;
+
+/// Threads per block of the thread-per-row kernel, and its dynamic shared
+/// memory: `THREAD_BOUND` entries per thread.
+pub const THREAD_BLOCK: u32 = 128;
+pub const THREAD_SHARED: u32 = THREAD_BLOCK * THREAD_BOUND * ENTRY_BYTES;
 
 /// Threads per block of the hash kernels (both hash bins).
 pub const HASH_BLOCK: u32 = 256;
@@ -112,21 +122,35 @@ pub const GROUP_HEADER: u32 = 32;
 /// in the sort buffer of half its size.
 pub const ENTRY_BYTES: u32 = 12;
 
+/// Bytes per thread of the stage where a group loads a batch of a row's
+/// entries (the offset and length of a row of B, and A's value).
+pub const STAGE_BYTES: u32 = 24;
+
 /// Dynamic shared memory of a hash kernel's block: a header per group,
-/// then per group a table and a sort buffer (the same for both bins).
-pub const HASH_SHARED: u32 =
+/// then per group a table and a sort buffer (the same for both bins),
+/// then the stage.
+pub const HASH_TABLES: u32 =
     (HASH_BLOCK / 32) * GROUP_HEADER + (HASH_BLOCK / 32) * WARP_TABLE * 3 / 2 * ENTRY_BYTES;
+pub const HASH_SHARED: u32 = HASH_TABLES + HASH_BLOCK * STAGE_BYTES;
 /// Threads per block of the scan kernels, and rows per block (tile).
 pub const SCAN_BLOCK: u32 = 1024;
 pub const SCAN_TILE: usize = SCAN_BLOCK as usize * 4;
 
-/// Dynamic shared memory of the dense kernel's block: the scan's words.
-pub const DENSE_SHARED: u32 = 512;
+/// Entries of C a warp of the compaction copies per step.
+pub const COMPACT_TILE: u64 = 32 * 16;
+
+/// Dynamic shared memory of the dense kernel's block: the scan's words,
+/// then the stage.
+pub const DENSE_STAGE: u32 = 512;
+pub const DENSE_SHARED: u32 = DENSE_STAGE + DENSE_BLOCK * STAGE_BYTES;
+/// Dynamic shared memory of the scan kernels.
+pub const SCAN_SHARED: u32 = 512;
 
 /// The bin of a row whose nonzeros are at most `bound`.
 pub const fn bin_of(bound: u32) -> u32 {
     match bound {
         0 => BIN_EMPTY,
+        b if b <= THREAD_BOUND => BIN_THREAD,
         b if b <= WARP_BOUND => BIN_WARP,
         b if b <= BLOCK_BOUND => BIN_BLOCK,
         _ => BIN_DENSE,
@@ -140,4 +164,7 @@ pub const fn dense_bytes(cols: u64) -> u64 {
 }
 
 // Both hash bins fit the same shared memory.
-const _: () = assert!((HASH_BLOCK / 32) * WARP_TABLE == BLOCK_TABLE && HASH_SHARED == 256 + 36864);
+const _: () = assert!((HASH_BLOCK / 32) * WARP_TABLE == BLOCK_TABLE && HASH_TABLES == 256 + 36864);
+// No kernel needs the opt-in for more than 48 KiB of shared memory.
+const _: () =
+    assert!(HASH_SHARED <= 48 << 10 && DENSE_SHARED <= 48 << 10 && THREAD_SHARED <= 48 << 10);
