@@ -92,6 +92,73 @@ pub fn exported_functions() -> Vec<&'static str> {
         .collect()
 }
 
+/// [`PTX`] relabelled for the toolkit that links it: `.version` set to
+/// the PTX ISA `isa` (e.g. `"9.0"` for CUDA 13.0, `"8.7"` for 12.8) and
+/// `.target` to `arch` (`sm_80` or newer: the heap uses `redux.sync`).
+///
+/// nvcc links relocatable device code only with objects of its own PTX
+/// ISA and target: a program that links cuheap's functions built as
+/// `.version 7.0` / `.target sm_80` and also calls CUB gets
+/// `cudaErrorInvalidDeviceFunction`. Raising both labels is valid: PTX
+/// of an older ISA and target is valid PTX of a newer one.
+pub fn device_ptx(arch: &str, isa: &str) -> Result<String> {
+    let sm = arch
+        .strip_prefix("sm_")
+        .and_then(|n| n.trim_end_matches(['a', 'f']).parse::<u32>().ok());
+    if sm.is_none_or(|n| n < 80) {
+        return Err(Error::InvalidArgument(format!(
+            "architecture `{arch}`: use sm_80 or newer (e.g. sm_90)"
+        )));
+    }
+    let (major, minor) = isa
+        .split_once('.')
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+        .filter(|&(a, b)| (a, b) >= (7, 0) && b < 10)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("PTX ISA `{isa}`: use 7.0 or newer, as in 9.0"))
+        })?;
+    let mut out = String::with_capacity(PTX.len());
+    for line in PTX.lines() {
+        let t = line.trim_start();
+        if t.starts_with(".version ") {
+            out.push_str(&format!(".version {major}.{minor}"));
+        } else if t.starts_with(".target ") {
+            out.push_str(&format!(".target {arch}"));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The PTX ISA of a CUDA toolkit (`nvcc --version`'s release), for
+/// [`device_ptx`]; `None` for a release not in the table (pass the ISA
+/// yourself: the PTX ISA notes of the toolkit give it).
+pub fn ptx_isa_of_cuda(major: u32, minor: u32) -> Option<&'static str> {
+    Some(match (major, minor) {
+        (11, 0) => "7.0",
+        (11, 1) => "7.1",
+        (11, 2) => "7.2",
+        (11, 3) => "7.3",
+        (11, 4) => "7.4",
+        (11, 5) => "7.5",
+        (11, 6) => "7.6",
+        (11, 7) => "7.7",
+        (11, 8) => "7.8",
+        (12, 0) => "8.0",
+        (12, 1) => "8.1",
+        (12, 2) => "8.2",
+        (12, 3) => "8.3",
+        (12, 4) => "8.4",
+        (12, 5) | (12, 6) => "8.5",
+        (12, 8) => "8.7",
+        (12, 9) => "8.8",
+        (13, 0) => "9.0",
+        _ => return None,
+    })
+}
+
 /// The kernels (`.entry`) of `ptx` with the size in bytes of each
 /// parameter, as the PTX declares them.
 pub fn entries(ptx: &str) -> impl Iterator<Item = (&str, Vec<usize>)> {
@@ -138,7 +205,19 @@ mod tests {
     #[test]
     fn ptx_is_the_heap_and_its_c_abi_only() {
         assert!(entries(PTX).next().is_none(), "PTX has kernels");
-        assert_eq!(exported_functions(), ["cuheap_free", "cuheap_malloc"]);
+        let mut names = exported_functions();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "cuheap_aligned_alloc",
+                "cuheap_free",
+                "cuheap_get_stats",
+                "cuheap_init",
+                "cuheap_malloc",
+                "cuheap_meta_bytes"
+            ]
+        );
         assert!(PTX.contains(".visible .global .align 8 .b8 cuheap_heap[24]"));
         // CUDA's device heap belongs to the benchmarks only.
         assert!(
@@ -146,6 +225,30 @@ mod tests {
             "PTX calls an external function"
         );
         assert!(BENCH_PTX.contains(".extern .func  (.param .b64 func_retval0) malloc"));
+    }
+
+    #[test]
+    fn device_ptx_relabels_the_header_only() {
+        let p = device_ptx("sm_90", "9.0").unwrap();
+        assert!(p.contains("\n.version 9.0\n.target sm_90\n"));
+        assert_eq!(p.lines().count(), PTX.lines().count());
+        let changed = p.lines().zip(PTX.lines()).filter(|(a, b)| a != b).count();
+        assert_eq!(changed, 2, "only .version and .target change");
+        for bad in [
+            ("sm_75", "9.0"),
+            ("sm_x", "9.0"),
+            ("sm_90", "6.4"),
+            ("sm_90", "9"),
+            ("sm_90", "9.10"),
+        ] {
+            assert!(
+                matches!(device_ptx(bad.0, bad.1), Err(Error::InvalidArgument(_))),
+                "{bad:?} must be refused"
+            );
+        }
+        assert_eq!(ptx_isa_of_cuda(13, 0), Some("9.0"));
+        assert_eq!(ptx_isa_of_cuda(12, 8), Some("8.7"));
+        assert_eq!(ptx_isa_of_cuda(10, 2), None);
     }
 
     #[test]

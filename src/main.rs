@@ -20,6 +20,23 @@ struct Cli {
 enum Command {
     /// The GPU, driver, CUDA version and the embedded PTX's functions and kernels.
     Info,
+    /// Writes cuheap's device functions as PTX for the CUDA toolkit that
+    /// will link them into a CUDA C++ program (see include/cuheap.h and
+    /// examples/cuda-cpp/).
+    DeviceLib {
+        /// The GPU architecture, sm_80 or newer.
+        #[arg(long, default_value = "sm_90")]
+        arch: String,
+        /// The PTX ISA of the linking toolkit (e.g. 9.0 for CUDA 13.0).
+        #[arg(long, conflicts_with = "cuda")]
+        ptx_isa: Option<String>,
+        /// The linking toolkit's release (e.g. 12.8), for its PTX ISA.
+        #[arg(long, default_value = "13.0")]
+        cuda: String,
+        /// Output file.
+        #[arg(short, long, default_value = "cuheap_device.ptx")]
+        output: PathBuf,
+    },
     /// Demonstrations on real workloads.
     #[command(subcommand)]
     Demo(Demo),
@@ -116,6 +133,33 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Info => info(),
+        Command::DeviceLib {
+            arch,
+            ptx_isa,
+            cuda,
+            output,
+        } => {
+            let isa = match ptx_isa {
+                Some(isa) => isa,
+                None => {
+                    let (a, b) = cuda
+                        .split_once('.')
+                        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+                        .ok_or_else(|| format!("--cuda {cuda}: use MAJOR.MINOR, e.g. 13.0"))?;
+                    cuheap::ptx_isa_of_cuda(a, b)
+                        .ok_or_else(|| {
+                            format!("CUDA {cuda}: its PTX ISA is not known here; pass --ptx-isa")
+                        })?
+                        .to_string()
+                }
+            };
+            std::fs::write(&output, cuheap::device_ptx(&arch, &isa)?)?;
+            println!(
+                "{}: cuheap's device functions, PTX ISA {isa}, {arch}",
+                output.display()
+            );
+            Ok(())
+        }
         Command::Demo(Demo::Spgemm {
             inputs,
             reps,

@@ -180,19 +180,6 @@ fn stress_4m_threads_random_sizes() {
     );
 }
 
-fn nvcc() -> std::path::PathBuf {
-    for p in ["nvcc", "/usr/local/cuda/bin/nvcc"] {
-        if std::process::Command::new(p)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return p.into();
-        }
-    }
-    panic!("nvcc not found: the C ABI test compiles tests/capi/demo.cu with it");
-}
-
 /// The CUDA C++ side of the C ABI test, carried by the test executable
 /// (it may run far from the source tree).
 const DEMO_CU: &str = include_str!("capi/demo.cu");

@@ -1,10 +1,11 @@
-//! The heap's C ABI for CUDA C/C++: `void* cuheap_malloc(size_t)` and
-//! `void cuheap_free(void*)` on the heap in the module global
-//! `cuheap_heap`, which the host writes (`DeviceHeap::install`) before
-//! launching kernels that call them.
+//! The heap's C ABI for CUDA C/C++ (declared in `include/cuheap.h`):
+//! `cuheap_malloc`, `cuheap_aligned_alloc` and `cuheap_free` on the heap in
+//! the module global `cuheap_heap`, which the host writes
+//! (`DeviceHeap::install`) or a one-thread kernel sets over memory the
+//! program owns (`cuheap_meta_bytes`, `cuheap_init`); `cuheap_get_stats`.
 
 use crate::device_heap::{dev_alloc, dev_free};
-use cuheap_core::HeapHandle;
+use cuheap_core::{Heap, HeapHandle, Layout, PAGE_SIZE};
 
 /// The heap that `cuheap_malloc`/`cuheap_free` use; the host writes it
 /// (module global `cuheap_heap`) before launching kernels that call them.
@@ -48,4 +49,146 @@ pub unsafe extern "C" fn cuheap_free(ptr: *mut u8) {
     }
     // SAFETY: as in `cuheap_malloc`.
     unsafe { dev_free(&h, ptr) }
+}
+
+/// Bytes of zeroed metadata that a heap of `data_bytes` of block memory
+/// (whole 64 KiB pages; the rest is not used) and `slots` current-page
+/// slots needs: `unsigned long long cuheap_meta_bytes(unsigned long long,
+/// unsigned)`. 0 when no heap fits: under one page, over 2^31 pages, or no
+/// slot.
+#[no_mangle]
+pub extern "C" fn cuheap_meta_bytes(data_bytes: u64, slots: u32) -> u64 {
+    match pages_of(data_bytes, slots) {
+        Some(pages) => Layout::new(pages, slots).meta_bytes as u64,
+        None => 0,
+    }
+}
+
+fn pages_of(data_bytes: u64, slots: u32) -> Option<u32> {
+    let pages = data_bytes / PAGE_SIZE as u64;
+    (slots > 0 && pages > 0 && pages <= (u32::MAX / 2) as u64).then_some(pages as u32)
+}
+
+/// `cuheap_init` succeeded.
+pub const CUHEAP_OK: i32 = 0;
+/// A null or misaligned pointer, too little memory, or no slot.
+pub const CUHEAP_ERROR_INVALID: i32 = 1;
+
+/// Makes memory the caller owns the module's heap (`cuheap_heap`), which
+/// `cuheap_malloc` and `cuheap_free` then use: `int cuheap_init(void*
+/// meta, unsigned long long meta_bytes, void* data, unsigned long long
+/// data_bytes, unsigned slots)`. `meta` holds at least
+/// [`cuheap_meta_bytes`]`(data_bytes, slots)` zeroed bytes (zeroed
+/// metadata is an empty heap), `data` is 64 KiB aligned, `slots` is
+/// usually the GPU's SM count. Returns [`CUHEAP_OK`] or
+/// [`CUHEAP_ERROR_INVALID`] (and changes nothing).
+///
+/// # Safety
+///
+/// One thread calls it, in a kernel that runs while no other kernel of
+/// the module uses the heap; the memory stays allocated, and is used by
+/// nothing else, while the heap is in use.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_init(
+    meta: *mut u8,
+    meta_bytes: u64,
+    data: *mut u8,
+    data_bytes: u64,
+    slots: u32,
+) -> i32 {
+    let Some(pages) = pages_of(data_bytes, slots) else {
+        return CUHEAP_ERROR_INVALID;
+    };
+    let need = Layout::new(pages, slots).meta_bytes as u64;
+    if meta.is_null()
+        || data.is_null()
+        || !(data as usize).is_multiple_of(PAGE_SIZE)
+        || meta_bytes < need
+    {
+        return CUHEAP_ERROR_INVALID;
+    }
+    let handle = HeapHandle {
+        meta: meta as u64,
+        data: data as u64,
+        page_count: pages,
+        slots,
+    };
+    // SAFETY: the caller's contract: no kernel uses the global meanwhile;
+    // later launches read it.
+    unsafe { core::ptr::addr_of_mut!(cuheap_heap).write_volatile(handle) };
+    CUHEAP_OK
+}
+
+/// `void* cuheap_aligned_alloc(size_t alignment, size_t size)`: a block
+/// aligned to `alignment`, a power of two up to 64 KiB (else null). Up to
+/// 16 bytes this is [`cuheap_malloc`]; above, the size is rounded up to a
+/// power of two at least `alignment` (blocks of power-of-two sizes are
+/// aligned to their size; spans, over 64 KiB, to 64 KiB), which can
+/// double the block. Free it with [`cuheap_free`].
+///
+/// # Safety
+///
+/// As for [`cuheap_malloc`].
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_aligned_alloc(alignment: usize, size: usize) -> *mut u8 {
+    if !alignment.is_power_of_two() || alignment > PAGE_SIZE {
+        return core::ptr::null_mut();
+    }
+    let size = if alignment <= 16 || size == 0 || size > PAGE_SIZE {
+        size
+    } else {
+        size.max(alignment).next_power_of_two()
+    };
+    // SAFETY: forwarded.
+    unsafe { cuheap_malloc(size) }
+}
+
+/// The heap's statistics as `cuheap_get_stats` fills them (all `unsigned
+/// long long`).
+#[repr(C)]
+pub struct CuheapStats {
+    /// Bytes of the blocks handed out and not freed.
+    pub bytes_in_use: u64,
+    /// Bytes of the pages the heap has taken (its footprint).
+    pub bytes_reserved: u64,
+    /// Blocks handed out and not freed (spans included).
+    pub blocks_in_use: u64,
+    /// Allocations that returned null.
+    pub failed_allocs: u64,
+    /// Their bytes, for those that failed for want of memory.
+    pub failed_bytes: u64,
+    /// Double, interior and foreign frees refused.
+    pub bad_frees: u64,
+}
+
+/// Fills `*out` with the module heap's statistics: `int
+/// cuheap_get_stats(cuheap_stats_t*)`; [`CUHEAP_ERROR_INVALID`] with no
+/// heap or a null `out`. One thread reads every page's descriptor: call it
+/// between the kernels that allocate, from a one-thread kernel.
+///
+/// # Safety
+///
+/// `out` is null or points to a writable `CuheapStats`; the heap is the
+/// one `cuheap_init` or the host set, or none.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_get_stats(out: *mut CuheapStats) -> i32 {
+    // SAFETY: as in `cuheap_malloc`.
+    let h = unsafe { core::ptr::addr_of!(cuheap_heap).read_volatile() };
+    if h.page_count == 0 || out.is_null() {
+        return CUHEAP_ERROR_INVALID;
+    }
+    // SAFETY: a nonzero handle describes a live heap.
+    let s = unsafe { Heap::<u32>::from_handle(&h) }.stats();
+    // SAFETY: `out` is writable.
+    unsafe {
+        out.write(CuheapStats {
+            bytes_in_use: s.bytes_in_use,
+            bytes_reserved: s.bytes_reserved,
+            blocks_in_use: s.blocks(),
+            failed_allocs: s.failed_allocs,
+            failed_bytes: s.failed_bytes,
+            bad_frees: s.bad_frees,
+        })
+    };
+    CUHEAP_OK
 }

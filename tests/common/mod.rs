@@ -97,3 +97,17 @@ pub fn pair(gpu: &Gpu, heap: &DeviceHeap, b: &Bufs, n: u32, sz: u32) {
     let launched = unsafe { b.kernels.pair_cuheap(&cfg, heap, n, sz, b.errors.as_ptr()) };
     wait(gpu, launched);
 }
+
+/// The CUDA compiler: `nvcc` on the path, or CUDA's default install.
+pub fn nvcc() -> std::path::PathBuf {
+    for p in ["nvcc", "/usr/local/cuda/bin/nvcc"] {
+        if std::process::Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return p.into();
+        }
+    }
+    panic!("nvcc not found: the CUDA C++ tests compile with it");
+}
