@@ -557,3 +557,96 @@ pub fn svgs(r: &Report) -> (String, String) {
     );
     (time, mem)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_parse_and_bad_ones_say_why() {
+        let i = Input::parse("rmat:16:8:t").unwrap();
+        assert!(i.transpose);
+        assert!(matches!(i.kind, Kind::Rmat { scale: 16, edges: 8 }));
+        assert!(matches!(
+            Input::parse("banded:1000:4").unwrap().kind,
+            Kind::Banded { n: 1000, half: 4 }
+        ));
+        match Input::parse("mtx:/data/my:matrix.mtx").unwrap().kind {
+            Kind::Mtx(p) => assert_eq!(p, std::path::PathBuf::from("/data/my:matrix.mtx")),
+            k => panic!("{k:?}"),
+        }
+        for bad in ["rmat:16", "stencil2d:x", "cube:4", "", "uniform:10"] {
+            let e = Input::parse(bad).unwrap_err();
+            assert!(e.contains(&format!("`{bad}`")), "{bad}: {e}");
+        }
+        assert_eq!(default_inputs().len(), 7);
+    }
+
+    fn sample() -> Report {
+        let base = Row {
+            input: "R-MAT scale 10, 8/row".into(),
+            product: "A x A",
+            rows: 1024,
+            nnz_a: 8000,
+            products: 2_000_000,
+            nnz_c: 1_500_000,
+            method: "cuSPARSE".into(),
+            median_ms: 1.5,
+            runs: 5,
+            gflops: 2.7,
+            peak_bytes: 3 << 30,
+            detail_bytes: vec![],
+            failure: None,
+            skipped: None,
+        };
+        Report {
+            device: "a GPU".into(),
+            rows: vec![
+                Row {
+                    failure: Some("wrong result: row 3".into()),
+                    ..base.clone()
+                },
+                Row {
+                    method: Method::CUHEAP.name(),
+                    median_ms: 0.8,
+                    peak_bytes: 1 << 30,
+                    ..base.clone()
+                },
+                Row {
+                    method: Method::Cuheap { chunk: 0 }.name(),
+                    failure: Some("error: heap ran out".into()),
+                    ..base.clone()
+                },
+                Row {
+                    method: Method::CudaMalloc.name(),
+                    runs: 0,
+                    skipped: Some("skipped: over 262144 rows".into()),
+                    ..base
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn failures_are_shown_and_only_ours_fail_the_command() {
+        let r = sample();
+        let t = table(&r);
+        assert!(t.contains("**wrong result: row 3**"));
+        assert!(t.contains("| exact |"));
+        assert!(t.contains("skipped: over 262144 rows"));
+        let f = r.failures();
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].contains("per row") && f[0].contains("heap ran out"));
+    }
+
+    #[test]
+    fn charts_leave_out_failed_and_skipped_methods() {
+        let (time, memory) = svgs(&sample());
+        for svg in [&time, &memory] {
+            assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+            assert_eq!(svg.matches("<rect x=").count() - 4, 1, "one bar: the one clean run");
+        }
+        assert!(time.contains("0.8000 ms"));
+        assert!(memory.contains("1.0000 GiB"));
+    }
+}
