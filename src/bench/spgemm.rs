@@ -566,7 +566,13 @@ mod tests {
     fn inputs_parse_and_bad_ones_say_why() {
         let i = Input::parse("rmat:16:8:t").unwrap();
         assert!(i.transpose);
-        assert!(matches!(i.kind, Kind::Rmat { scale: 16, edges: 8 }));
+        assert!(matches!(
+            i.kind,
+            Kind::Rmat {
+                scale: 16,
+                edges: 8
+            }
+        ));
         assert!(matches!(
             Input::parse("banded:1000:4").unwrap().kind,
             Kind::Banded { n: 1000, half: 4 }
@@ -644,7 +650,11 @@ mod tests {
         let (time, memory) = svgs(&sample());
         for svg in [&time, &memory] {
             assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-            assert_eq!(svg.matches("<rect x=").count() - 4, 1, "one bar: the one clean run");
+            assert_eq!(
+                svg.matches("<rect x=").count() - 4,
+                1,
+                "one bar: the one clean run"
+            );
         }
         assert!(time.contains("0.8000 ms"));
         assert!(memory.contains("1.0000 GiB"));
