@@ -46,7 +46,8 @@ __device__ unsigned long long cuheap_meta_bytes(unsigned long long data_bytes, u
 
 /* Makes the memory the heap of cuheap_malloc/cuheap_free. One thread, in a
  * kernel that runs while no kernel uses the heap. meta: at least
- * cuheap_meta_bytes(data_bytes, slots) zeroed bytes; data: 64 KiB aligned.
+ * cuheap_meta_bytes(data_bytes, slots) zeroed bytes, 16-byte aligned;
+ * data: 64 KiB aligned.
  * Returns CUHEAP_OK or CUHEAP_ERROR_INVALID (and changes nothing). */
 __device__ int cuheap_init(void* meta, unsigned long long meta_bytes,
                            void* data, unsigned long long data_bytes, unsigned slots);
@@ -56,8 +57,9 @@ __device__ int cuheap_init(void* meta, unsigned long long meta_bytes,
 __device__ void* cuheap_malloc(size_t size);
 
 /* A block aligned to `alignment` (a power of two up to 64 KiB, else NULL).
- * Above 16 bytes the size is rounded up to a power of two of at least
- * `alignment`, which can double the block. */
+ * Above 16 bytes of alignment, a size up to 64 KiB is rounded up to a power
+ * of two of at least `alignment`, which can double the block; larger sizes
+ * are 64 KiB aligned and not rounded. */
 __device__ void* cuheap_aligned_alloc(size_t alignment, size_t size);
 
 /* Frees a block from any thread (see above for bad input). */

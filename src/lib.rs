@@ -105,11 +105,11 @@ pub fn device_ptx(arch: &str, isa: &str) -> Result<String> {
     let sm = arch
         .strip_prefix("sm_")
         .and_then(|n| n.trim_end_matches(['a', 'f']).parse::<u32>().ok());
-    if sm.is_none_or(|n| n < 80) {
+    let Some(sm) = sm.filter(|&n| n >= 80) else {
         return Err(Error::InvalidArgument(format!(
             "architecture `{arch}`: use sm_80 or newer (e.g. sm_90)"
         )));
-    }
+    };
     let (major, minor) = isa
         .split_once('.')
         .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
@@ -117,6 +117,20 @@ pub fn device_ptx(arch: &str, isa: &str) -> Result<String> {
         .ok_or_else(|| {
             Error::InvalidArgument(format!("PTX ISA `{isa}`: use 7.0 or newer, as in 9.0"))
         })?;
+    // The first PTX ISA with each architecture (ptxas refuses older ones).
+    let first = match sm {
+        80 => (7, 0),
+        86 => (7, 1),
+        87 => (7, 4),
+        89 | 90 => (7, 8),
+        _ => (7, 0),
+    };
+    if (major, minor) < first {
+        return Err(Error::InvalidArgument(format!(
+            "PTX ISA {isa} cannot target {arch}: it needs {}.{} or newer",
+            first.0, first.1
+        )));
+    }
     let mut out = String::with_capacity(PTX.len());
     for line in PTX.lines() {
         let t = line.trim_start();

@@ -30,7 +30,8 @@ enum Command {
         /// The PTX ISA of the linking toolkit (e.g. 9.0 for CUDA 13.0).
         #[arg(long, conflicts_with = "cuda")]
         ptx_isa: Option<String>,
-        /// The linking toolkit's release (e.g. 12.8), for its PTX ISA.
+        /// The linking toolkit's release (e.g. 12.8, or 13.0.48), for its
+        /// PTX ISA.
         #[arg(long, default_value = "13.0")]
         cuda: String,
         /// Output file.
@@ -142,10 +143,14 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let isa = match ptx_isa {
                 Some(isa) => isa,
                 None => {
-                    let (a, b) = cuda
-                        .split_once('.')
-                        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-                        .ok_or_else(|| format!("--cuda {cuda}: use MAJOR.MINOR, e.g. 13.0"))?;
+                    // MAJOR.MINOR, or a full version such as CMake's 13.0.48.
+                    let mut parts = cuda.split('.').map(str::parse::<u32>);
+                    let (a, b) = match (parts.next(), parts.next()) {
+                        (Some(Ok(a)), Some(Ok(b))) => (a, b),
+                        _ => {
+                            return Err(format!("--cuda {cuda}: use MAJOR.MINOR, e.g. 13.0").into())
+                        }
+                    };
                     cuheap::ptx_isa_of_cuda(a, b)
                         .ok_or_else(|| {
                             format!("CUDA {cuda}: its PTX ISA is not known here; pass --ptx-isa")

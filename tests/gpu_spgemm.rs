@@ -110,6 +110,8 @@ fn empty_matrices_and_rows_without_output() {
     let (gpu, k, heap) = setup();
     let z = Csr::zeros(100, 100).unwrap();
     check_all(&gpu, &k, &heap, "empty x empty", &z, &z);
+    let none = Csr::zeros(0, 0).unwrap();
+    check_all(&gpu, &k, &heap, "0x0 x 0x0", &none, &none);
     // Rows 0, 3, 6, ... of A are empty, and columns 1, 4, ... of A hit
     // empty rows of B: rows with entries but no products too.
     let mut t = Vec::new();
@@ -122,6 +124,14 @@ fn empty_matrices_and_rows_without_output() {
     }
     let a = Csr::from_triplets(300, 300, &t).unwrap();
     check_all(&gpu, &k, &heap, "empty rows", &a, &a);
+    check_all(
+        &gpu,
+        &k,
+        &heap,
+        "no columns",
+        &a,
+        &Csr::zeros(300, 0).unwrap(),
+    );
     let (da, dz) = (
         DeviceCsr::upload(&gpu, &a).unwrap(),
         DeviceCsr::upload(&gpu, &z).unwrap(),
@@ -179,7 +189,7 @@ fn a_heap_that_runs_out_is_an_error_not_a_wrong_result() {
                 println!("chunk {chunk}: {failed} rows failed, {bytes} bytes short: reported");
             }
             Err(e) => panic!("wrong error: {e}"),
-            Ok(p) => panic!("a 1 MiB heap held {} nonzeros?", p.c.nnz),
+            Ok(p) => panic!("a 1 MiB heap held {} nonzeros?", p.c.nnz()),
         }
         let s = small.stats().unwrap();
         assert!(s.is_empty(), "the rows that got blocks gave them back");

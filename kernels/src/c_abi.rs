@@ -79,7 +79,8 @@ pub const CUHEAP_ERROR_INVALID: i32 = 1;
 /// meta, unsigned long long meta_bytes, void* data, unsigned long long
 /// data_bytes, unsigned slots)`. `meta` holds at least
 /// [`cuheap_meta_bytes`]`(data_bytes, slots)` zeroed bytes (zeroed
-/// metadata is an empty heap), `data` is 64 KiB aligned, `slots` is
+/// metadata is an empty heap) and is 16-byte aligned, `data` is 64 KiB
+/// aligned, `slots` is
 /// usually the GPU's SM count. Returns [`CUHEAP_OK`] or
 /// [`CUHEAP_ERROR_INVALID`] (and changes nothing).
 ///
@@ -121,10 +122,10 @@ pub unsafe extern "C" fn cuheap_init(
 
 /// `void* cuheap_aligned_alloc(size_t alignment, size_t size)`: a block
 /// aligned to `alignment`, a power of two up to 64 KiB (else null). Up to
-/// 16 bytes this is [`cuheap_malloc`]; above, the size is rounded up to a
-/// power of two at least `alignment` (blocks of power-of-two sizes are
-/// aligned to their size; spans, over 64 KiB, to 64 KiB), which can
-/// double the block. Free it with [`cuheap_free`].
+/// 16 bytes this is [`cuheap_malloc`]; above, a size up to 64 KiB is
+/// rounded up to a power of two at least `alignment` (blocks of
+/// power-of-two sizes are aligned to their size), which can double the
+/// block; larger sizes are spans, 64 KiB aligned, and are not rounded. Free it with [`cuheap_free`].
 ///
 /// # Safety
 ///

@@ -17,9 +17,11 @@
 //! Contract of every kernel here (`problem` is a [`Problem`] in device
 //! memory): its arrays are valid for what the kernel reads and writes, as
 //! the field documentation says, until the kernel ends; the launch shapes
-//! are those of `problem.rs` (`HASH_BLOCK` threads and `HASH_SHARED` bytes
-//! of dynamic shared memory for the hash bins, `DENSE_BLOCK` and
-//! `DENSE_SHARED` for the dense one, any 1-D shape for the others).
+//! are those of `problem.rs` (`THREAD_BLOCK` threads and `THREAD_SHARED`
+//! bytes of dynamic shared memory for the thread bin, `HASH_BLOCK` and
+//! `HASH_SHARED` for the hash bins, `DENSE_BLOCK` and `DENSE_SHARED` for
+//! the dense one, `SCAN_BLOCK` and `SCAN_SHARED` for the scan, any 1-D
+//! shape of whole warps for the others).
 
 #[path = "../../src/spgemm/problem.rs"]
 mod problem;
@@ -1260,7 +1262,7 @@ unsafe fn tile_items(p: &Problem) -> (u64, [u64; SCAN_ITEMS as usize], u64) {
 /// # Safety
 ///
 /// See the module documentation; `sums` holds a word per block, and the
-/// launch has `DENSE_SHARED` bytes of dynamic shared memory.
+/// launch has `SCAN_SHARED` bytes of dynamic shared memory.
 pub unsafe fn spgemm_scan_tiles(problem: *const Problem, sums: *mut u64) {
     // SAFETY: the launch's contract.
     let p = unsafe { &*problem };
@@ -1279,7 +1281,7 @@ pub unsafe fn spgemm_scan_tiles(problem: *const Problem, sums: *mut u64) {
 ///
 /// # Safety
 ///
-/// `sums` holds `n + 1` words; one block, `DENSE_SHARED` bytes of shared
+/// `sums` holds `n + 1` words; one block, `SCAN_SHARED` bytes of shared
 /// memory.
 pub unsafe fn spgemm_scan_sums(sums: *mut u64, n: u32) {
     let mut carry = 0u64;

@@ -9,19 +9,22 @@ use crate::{DevicePtr, Gpu, Result};
 use cuheap_host::DeviceMemory;
 
 /// A CSR matrix in device memory (see the module documentation).
+///
+/// Its contents are valid CSR with sorted rows: it comes from a checked
+/// [`Csr`] ([`DeviceCsr::upload`]) or from a product of this crate. The
+/// fields are not public, because the kernels that read it rely on that
+/// (a column out of range or an unsorted row would make them write out of
+/// bounds): [`DeviceCsr::ptrs`] gives the arrays' addresses.
 pub struct DeviceCsr {
-    /// Rows.
-    pub rows: usize,
-    /// Columns.
-    pub cols: usize,
-    /// Nonzeros.
-    pub nnz: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) nnz: usize,
     /// `rows + 1` `u64` offsets.
-    pub row_offsets: DeviceMemory,
+    pub(crate) row_offsets: DeviceMemory,
     /// `nnz` `u32` column indices.
-    pub col_indices: DeviceMemory,
+    pub(crate) col_indices: DeviceMemory,
     /// `nnz` `f64` values.
-    pub values: DeviceMemory,
+    pub(crate) values: DeviceMemory,
 }
 
 impl DeviceCsr {
@@ -37,7 +40,7 @@ impl DeviceCsr {
 
     /// A `rows` x `cols` matrix with room for `nnz` nonzeros, zeroed (its
     /// offsets are all 0 until a kernel writes them).
-    pub fn uninit(gpu: &Gpu, rows: usize, cols: usize, nnz: usize) -> Result<DeviceCsr> {
+    pub(crate) fn uninit(gpu: &Gpu, rows: usize, cols: usize, nnz: usize) -> Result<DeviceCsr> {
         Ok(DeviceCsr {
             rows,
             cols,
@@ -61,6 +64,21 @@ impl DeviceCsr {
         let offsets = offsets.into_iter().map(|o| o as usize).collect();
         Csr::new(self.rows, self.cols, offsets, cols, vals)
             .map_err(|e| crate::Error::InvalidArgument(format!("the GPU's result: {e}")))
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Nonzeros.
+    pub fn nnz(&self) -> usize {
+        self.nnz
     }
 
     /// Bytes of device memory the three arrays take.

@@ -52,9 +52,9 @@ pub enum Method {
 }
 
 impl Method {
-    /// cuheap's default: chunks of 8 KiB, which measured faster than a
-    /// block per row on every input of `cuheap demo spgemm` but one, where
-    /// it was 1% slower (docs/spgemm-*-h100.txt).
+    /// cuheap's default: chunks of 8 KiB. On an H100 80 GB they were faster
+    /// than a block per row on 6 of the 8 products of `cuheap demo spgemm`,
+    /// and 0.7% and 1.2% slower on the other two (docs/spgemm-*-h100.txt).
     pub const CUHEAP: Method = Method::Cuheap { chunk: 8192 };
 
     /// A short name for tables.
@@ -99,6 +99,49 @@ impl Workspace<'_> {
     fn alloc_zeroed(&mut self, bytes: usize) -> Result<DeviceMemory> {
         self.bytes += bytes;
         self.gpu.alloc_zeroed(bytes)
+    }
+}
+
+/// Frees the blocks of a one-pass product's rows once (`free`), or, if the
+/// product stops with an error before that, when dropped (then waits for
+/// the device, so the workspace the kernel reads outlives it).
+struct RowsGuard<'a> {
+    k: &'a Bench,
+    gpu: &'a Gpu,
+    method: Method,
+    heap: Option<&'a DeviceHeap>,
+    p: crate::DevicePtr<Problem>,
+    cfg: LaunchConfig<'static>,
+    armed: bool,
+}
+
+impl RowsGuard<'_> {
+    fn free(&mut self) -> Result<()> {
+        if !std::mem::take(&mut self.armed) {
+            return Ok(());
+        }
+        // SAFETY: the Problem and its `row_blocks` are live (the guard is
+        // dropped before the workspace), and every owned block recorded
+        // there is live until this frees it.
+        unsafe {
+            match (self.method, self.heap) {
+                (Method::Cuheap { .. }, Some(heap)) => {
+                    self.k.spgemm_free_cuheap(&self.cfg, heap, self.p)
+                }
+                (Method::CudaMalloc, _) => self.k.spgemm_free_malloc(&self.cfg, self.p),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+impl Drop for RowsGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // On an error path: nothing to report the failures to.
+            let _ = self.free();
+            let _ = self.gpu.sync();
+        }
     }
 }
 
@@ -168,6 +211,17 @@ impl Runner<'_> {
             malloc_heap,
         } = *self;
         let rows = a.rows;
+        if rows == 0 || b.cols == 0 || a.nnz == 0 || b.nnz == 0 {
+            // No products: C is all zeros (nothing for the kernels to do).
+            let c = DeviceCsr::uninit(gpu, rows, b.cols, 0)?;
+            return Ok(GpuProduct {
+                peak_bytes: c.bytes(),
+                c,
+                ms: 0.0,
+                products: 0,
+                heap_bytes: 0,
+            });
+        }
         let one_pass = method != Method::TwoPass;
         // CUHEAP_SPGEMM_PHASES=1: wait after each phase and print its time
         // (to find where a product spends it; the waits add to the total).
@@ -291,6 +345,17 @@ impl Runner<'_> {
             }
             Ok(())
         };
+        // From here until they are freed, the rows' blocks are in the
+        // heap: on an error the guard frees them before the workspace goes.
+        let mut rows_guard = RowsGuard {
+            k,
+            gpu,
+            method,
+            heap,
+            p,
+            cfg: per_row,
+            armed: one_pass,
+        };
         row_kernels(false)?;
         phase(if one_pass { "rows" } else { "symbolic pass" })?;
         let mut heap_bytes = 0;
@@ -313,21 +378,8 @@ impl Runner<'_> {
         phase("scan")?;
         let mut st = [0u64; STATUS_WORDS];
         status.read(0, &mut st)?;
-        let free_rows = || -> Result<()> {
-            // SAFETY: as above; every owned block is live until this frees it.
-            unsafe {
-                match method {
-                    Method::Cuheap { .. } => {
-                        k.spgemm_free_cuheap(&per_row, heap.expect("checked"), p)?
-                    }
-                    Method::CudaMalloc => k.spgemm_free_malloc(&per_row, p)?,
-                    Method::TwoPass => {}
-                }
-            }
-            Ok(())
-        };
         if st[STATUS_FAILED_ROWS] > 0 {
-            free_rows()?;
+            rows_guard.free()?;
             gpu.sync()?;
             let bytes = match heap {
                 Some(h) if matches!(method, Method::Cuheap { .. }) => h.shortfall()?.1,
@@ -351,7 +403,7 @@ impl Runner<'_> {
             // SAFETY: as above; C holds nnz entries.
             unsafe { k.spgemm_compact(&compact, p)? };
             phase("compact")?;
-            free_rows()?;
+            rows_guard.free()?;
             phase("free rows")?;
         } else {
             row_kernels(true)?;
