@@ -78,3 +78,42 @@ fn spans_and_exhaustion() {
     // Small heap with spans: threads run out of memory and recover.
     stress(4, 100_000, 24, 3 * PAGE_SIZE, 2);
 }
+
+#[test]
+fn empty_current_pages_are_reclaimed_under_contention() {
+    // Many slots for few pages: most allocations find the page map empty
+    // while other slots hold current pages, some of them empty, so the
+    // failure path detaches and retires current pages while threads
+    // allocate from them.
+    stress(4, 150_000, 48, 3 * PAGE_SIZE, 16);
+}
+
+#[test]
+fn a_heap_whose_blocks_were_all_freed_serves_a_span_of_half_of_it() {
+    use cuheap_core::{class_size, CLASS_COUNT};
+    // 256 pages and 132 slots: one block of every class on every slot
+    // leaves every page some slot's current page (or in use).
+    let owned = OwnedHeap::<u32>::new(256, 132).unwrap();
+    let heap = owned.heap();
+    let mut blocks = Vec::new();
+    for slot in 0..132 {
+        for c in 0..CLASS_COUNT as u32 {
+            if let Ok(p) = heap.alloc(class_size(c) as usize, slot) {
+                blocks.push((p, slot));
+            }
+        }
+    }
+    assert!(blocks.len() > 1000);
+    for (p, slot) in blocks {
+        heap.free(p, slot).unwrap();
+    }
+    assert!(heap.stats().is_empty());
+    // Every page is an empty current page of some slot; a span of half the
+    // heap needs them back.
+    let span = heap
+        .alloc(128 * PAGE_SIZE, 0)
+        .expect("the empty current pages are retired for the span");
+    heap.free(span, 0).unwrap();
+    heap.check_invariants().unwrap();
+    assert!(heap.stats().is_empty());
+}

@@ -30,7 +30,7 @@ pub struct Run<W> {
 }
 
 /// A slot's cache entry while one thread installs a page there.
-const INSTALLING: u32 = u32::MAX;
+pub(super) const INSTALLING: u32 = u32::MAX;
 /// Slots whose lists are tried before a fresh page.
 const NEAR_SLOTS: u32 = 4;
 

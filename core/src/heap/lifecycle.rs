@@ -2,6 +2,7 @@
 //! quarter of it is free, retired (its units back to the page map) once all
 //! of it is, and the scavenger that retires empty pages parked on lists.
 
+use super::alloc::INSTALLING;
 use super::Heap;
 use crate::page::{Avail, Kind, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
 use crate::page_map::PageMap;
@@ -107,6 +108,44 @@ impl<W: Word> Heap<'_, W> {
                 }
             }
         }
-        retired
+        retired + self.scavenge_current()
+    }
+
+    /// Detaches the empty current pages of every slot and class and lets
+    /// them settle (retire), as a full page is detached: without it, a
+    /// heap whose blocks were all freed could still hold every page as some
+    /// slot's empty current page, and refuse a span or another class.
+    ///
+    /// The snapshot only picks candidates: the decision is `settle`'s, on
+    /// the value the `float` RMW returns, so a reservation that lands
+    /// meanwhile keeps its page (it is then listed or stays floating, as
+    /// any detached page). A thread that read the slot before the detach
+    /// and takes blocks afterwards is handled as for a full page: it gets
+    /// its blocks from the floating page, or gives them back if the page
+    /// was retired or serves another class by then.
+    fn scavenge_current(&self) -> u32 {
+        let before = self.counters.pages_retired.load(Ordering::Relaxed);
+        for slot in 0..self.slots {
+            for class in 0..CLASS_COUNT as u32 {
+                let cache = self.slot_cache(class, slot);
+                let cur = cache.load(Ordering::Acquire);
+                if cur == 0 || cur == INSTALLING {
+                    continue;
+                }
+                let page = cur - 1;
+                let d = &self.descs[page as usize];
+                let a = d.now();
+                let empty = a.live && !a.floating && a.free >= blocks_per_page(class) as i64;
+                if empty
+                    && cache
+                        .compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    let a = d.float();
+                    self.settle(page, a, slot);
+                }
+            }
+        }
+        (self.counters.pages_retired.load(Ordering::Relaxed) - before) as u32
     }
 }
