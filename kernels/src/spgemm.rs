@@ -493,18 +493,10 @@ impl<A: Alloc> Output for Blocks<A> {
         // One block for the warp's rows: each lane's part at the prefix
         // sum of the needs before it; the first lane with a row owns it.
         let lane = laneid();
-        let mut incl = need;
-        let mut d = 1;
-        while d < 32 {
-            // SAFETY: all 32 lanes run every step (the caller's contract).
-            let y = unsafe { shfl_up(FULL, incl as u32, d) } as u64;
-            if lane >= d {
-                incl += y;
-            }
-            d *= 2;
-        }
+        // SAFETY: all 32 lanes call this (the caller's contract).
+        let incl = unsafe { warp_inclusive_scan(need) };
         // SAFETY: as above.
-        let total = unsafe { shfl(FULL, incl as u32, 31) } as u64;
+        let total = unsafe { shfl_u64(FULL, incl, 31) };
         let mut base = 0u64;
         if lane == 31 && total > 0 {
             // SAFETY: the allocator is live.
@@ -964,6 +956,31 @@ unsafe fn thread_rows<O: Output>(p: &Problem, out: &mut O) {
     }
 }
 
+/// Inclusive prefix sum of `v` over the lanes of the warp.
+///
+/// # Safety
+///
+/// All 32 lanes of the warp execute this call.
+#[inline(always)]
+unsafe fn warp_inclusive_scan(v: u64) -> u64 {
+    let lane = laneid();
+    let mut x = v;
+    let mut d = 1;
+    while d < 32 {
+        // SAFETY: forwarded from the caller: every lane runs every step.
+        let y = unsafe {
+            let lo = shfl_up(FULL, x as u32, d);
+            let hi = shfl_up(FULL, (x >> 32) as u32, d);
+            (hi as u64) << 32 | lo as u64
+        };
+        if lane >= d {
+            x += y;
+        }
+        d *= 2;
+    }
+    x
+}
+
 /// Exclusive prefix sum of `v` over the block, and the total.
 ///
 /// # Safety
@@ -975,20 +992,8 @@ unsafe fn block_scan(v: u64, words: *mut u64) -> (u64, u64) {
     let lane = laneid();
     let warp = thread_in_block() / 32;
     let warps = block_threads().div_ceil(32);
-    let mut x = v;
-    let mut d = 1;
-    while d < 32 {
-        // SAFETY: every lane of the (full) warp runs every step.
-        let y = unsafe {
-            let lo = shfl_up(FULL, x as u32, d);
-            let hi = shfl_up(FULL, (x >> 32) as u32, d);
-            (hi as u64) << 32 | lo as u64
-        };
-        if lane >= d {
-            x += y;
-        }
-        d *= 2;
-    }
+    // SAFETY: every thread of the block, so every lane of its (full) warp.
+    let x = unsafe { warp_inclusive_scan(v) };
     // SAFETY: warp < 32; the block's threads all reach the barriers.
     unsafe {
         if lane == 31 {
@@ -1231,19 +1236,16 @@ method_kernels! {
 // ---------------------------------------------------------------------------
 // Scan of the row counts into C's offsets
 
-/// Rows per tile of the scan: `SCAN_BLOCK` threads of `SCAN_ITEMS` rows.
-const SCAN_ITEMS: u64 = 4;
-
 /// This thread's rows of the tile and their sum.
 ///
 /// # Safety
 ///
 /// `p.row_nnz` holds `rows` counts.
 #[inline(always)]
-unsafe fn tile_items(p: &Problem) -> (u64, [u64; SCAN_ITEMS as usize], u64) {
-    let first =
-        (block_index() as u64 * block_threads() as u64 + thread_in_block() as u64) * SCAN_ITEMS;
-    let mut items = [0u64; SCAN_ITEMS as usize];
+unsafe fn tile_items(p: &Problem) -> (u64, [u64; SCAN_ITEMS], u64) {
+    let first = (block_index() as u64 * block_threads() as u64 + thread_in_block() as u64)
+        * SCAN_ITEMS as u64;
+    let mut items = [0u64; SCAN_ITEMS];
     let mut sum = 0;
     for (k, item) in items.iter_mut().enumerate() {
         let r = first + k as u64;

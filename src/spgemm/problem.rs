@@ -134,7 +134,9 @@ pub const HASH_TABLES: u32 =
 pub const HASH_SHARED: u32 = HASH_TABLES + HASH_BLOCK * STAGE_BYTES;
 /// Threads per block of the scan kernels, and rows per block (tile).
 pub const SCAN_BLOCK: u32 = 1024;
-pub const SCAN_TILE: usize = SCAN_BLOCK as usize * 4;
+/// Rows each thread of the scan sums.
+pub const SCAN_ITEMS: usize = 4;
+pub const SCAN_TILE: usize = SCAN_BLOCK as usize * SCAN_ITEMS;
 
 /// Entries of C a warp of the compaction copies per step.
 pub const COMPACT_TILE: u64 = 32 * 16;
