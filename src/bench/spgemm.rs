@@ -187,7 +187,11 @@ impl Report {
     /// baselines' failures (cuSPARSE, CUDA malloc) are reported in the
     /// table, not as the command's.
     pub fn failures(&self) -> Vec<String> {
-        let baselines = ["cuSPARSE".to_string(), Method::CudaMalloc.name()];
+        let baselines = [
+            CUSPARSE.to_string(),
+            CUSPARSE_CACHED.to_string(),
+            Method::CudaMalloc.name(),
+        ];
         self.rows
             .iter()
             .filter(|r| r.failure.is_some() && !baselines.contains(&r.method))
@@ -204,6 +208,10 @@ impl Report {
     }
 }
 
+/// The baselines' names: cuSPARSE on `cudaMalloc`, and on a warm cache.
+const CUSPARSE: &str = "cuSPARSE";
+const CUSPARSE_CACHED: &str = "cuSPARSE, cached buffers";
+
 /// What one method's runs gave.
 struct Measured {
     times: Vec<f64>,
@@ -218,10 +226,15 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     let kernels = crate::kernels::Bench::new(gpu)?;
     let (free, _) = gpu.mem_info()?;
     let heap = DeviceHeap::growable(gpu, 4 << 30, free / 10 * 6)?;
+    // cuSPARSE as a user calls it with `cudaMalloc`, then on a warm caching
+    // pool.
     let cusparse = if cfg.cusparse {
-        Some(Cusparse::new(gpu)?)
+        vec![
+            (CUSPARSE, Cusparse::new(gpu)?),
+            (CUSPARSE_CACHED, Cusparse::cached(gpu)?),
+        ]
     } else {
-        None
+        Vec::new()
     };
     let info = gpu.info();
     let mut report = Report {
@@ -253,23 +266,28 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
         let reference = spgemm::reference::multiply_on(&a, &b, threads)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let (da, db) = (DeviceCsr::upload(gpu, &a)?, DeviceCsr::upload(gpu, &b)?);
-        let mut methods: Vec<Option<Method>> = Vec::new();
-        if cusparse.is_some() {
-            methods.push(None);
-        }
-        methods.push(Some(Method::TwoPass));
-        methods.push(Some(Method::Cuheap { chunk: 0 }));
-        methods.push(Some(Method::CUHEAP));
+        let mut methods: Vec<Result<Method, &(&str, Cusparse)>> =
+            cusparse.iter().map(Err).collect();
+        methods.push(Ok(Method::TwoPass));
+        methods.push(Ok(Method::Cuheap { chunk: 0 }));
+        methods.push(Ok(Method::CUHEAP));
         let malloc = cfg.malloc && a.rows() <= cfg.malloc_max_rows;
         if malloc {
-            methods.push(Some(Method::CudaMalloc));
+            methods.push(Ok(Method::CudaMalloc));
         }
         for m in methods {
-            let mname = m.map_or("cuSPARSE".to_string(), |m| m.name());
+            let mname = match m {
+                Ok(m) => m.name(),
+                Err((name, _)) => name.to_string(),
+            };
             progress(&format!("{name} {product}: {mname}"));
             let measured = match m {
-                None => measure_cusparse(cusparse.as_ref().expect("pushed"), &da, &db, cfg.reps),
-                Some(m) => {
+                Err((_, cs)) => {
+                    let measured = measure_cusparse(cs, &da, &db, cfg.reps);
+                    cs.trim();
+                    measured
+                }
+                Ok(m) => {
                     let runner = Runner {
                         gpu,
                         kernels: &kernels,

@@ -8,7 +8,10 @@
 //! buffer 1, second call), `cusparseSpGEMM_compute` (size query, allocate
 //! buffer 2, second call), `cusparseSpMatGetSize`, allocate C's columns and
 //! values, `cusparseCsrSetPointers`, `cusparseSpGEMM_copy`. Buffers and C
-//! come from plain `cuMemAlloc`, uninitialised, as a user would get them.
+//! come from plain `cuMemAlloc`, uninitialised, as a user would get them
+//! ([`Cusparse::new`]), or from a cache of the blocks earlier products
+//! freed, as a program on a caching pool (CuPy's, PyTorch's) gets them
+//! once it is warm ([`Cusparse::cached`]).
 //!
 //! cuSPARSE wants `i32` row offsets where [`DeviceCsr`] has `u64` ones, so
 //! [`Cusparse::prepare`] makes an `i32` copy of an input's offsets (untimed)
@@ -49,6 +52,7 @@ use crate::{Error, Gpu, Result};
 use cudarc::cusparse::sys;
 use cudarc::driver::{result as driver, sys as cu, CudaStream, DriverError};
 use cuheap_host::DeviceMemory;
+use std::cell::RefCell;
 use std::ffi::c_void;
 
 /// The cuSPARSE entry points this module calls. cudarc panics on the first
@@ -76,6 +80,9 @@ const F64: sys::cudaDataType = sys::cudaDataType::CUDA_R_64F;
 pub struct Cusparse<'g> {
     gpu: &'g Gpu,
     handle: sys::cusparseHandle_t,
+    /// With [`Cusparse::cached`]: the blocks of earlier products, reused
+    /// by later ones.
+    cache: Option<RefCell<Vec<DeviceMemory>>>,
 }
 
 /// A [`DeviceCsr`] in the form cuSPARSE takes: `i32` row offsets of its
@@ -139,13 +146,38 @@ impl<'g> Cusparse<'g> {
         let status = unsafe { sys::cusparseCreate(&mut handle) };
         check(status, "cusparseCreate")?;
         // Owned from here: dropped (destroyed) if setting the stream fails.
-        let cusparse = Cusparse { gpu, handle };
+        let cusparse = Cusparse {
+            gpu,
+            handle,
+            cache: None,
+        };
         let stream = gpu.stream().cu_stream() as sys::cudaStream_t;
         // SAFETY: a live handle and the GPU's stream, which outlives it
         // (the Gpu is borrowed for the handle's lifetime).
         let status = unsafe { sys::cusparseSetStream(cusparse.handle, stream) };
         check(status, "cusparseSetStream")?;
         Ok(cusparse)
+    }
+
+    /// As [`new`](Self::new), but the product's buffers and C's arrays
+    /// come from a cache: a block freed by one product serves a later
+    /// request of at most its size (the smallest such block). A request
+    /// that no block serves frees the whole cache first, then calls
+    /// `cuMemAlloc`, so the cache never holds more than one product's
+    /// blocks. Once warm, the same product allocates nothing: this is the
+    /// cost a program pays on a caching pool, the best case for cuSPARSE.
+    /// [`CusparseProduct::peak_bytes`] is the same in both modes.
+    pub fn cached(gpu: &'g Gpu) -> Result<Cusparse<'g>> {
+        let mut cusparse = Cusparse::new(gpu)?;
+        cusparse.cache = Some(RefCell::new(Vec::new()));
+        Ok(cusparse)
+    }
+
+    /// Frees the cached blocks (none without [`cached`](Self::cached)).
+    pub fn trim(&self) {
+        if let Some(cache) = &self.cache {
+            cache.borrow_mut().clear();
+        }
     }
 
     /// Converts `m` to cuSPARSE's input form: an `i32` copy of its row
@@ -238,7 +270,7 @@ impl<'g> Cusparse<'g> {
             .map_err(driver_error("cuCtxSetCurrent"))?;
 
         // Declared before the descriptors, so dropped after them.
-        let mut ws = Workspace::new(self.gpu, stream);
+        let mut ws = Workspace::new(self.gpu, stream, self.cache.as_ref());
 
         start
             .record(stream)
@@ -408,13 +440,15 @@ fn void(ptr: u64) -> *mut c_void {
     ptr as *mut c_void
 }
 
-/// The device memory of one product, from `cuMemAlloc`, uninitialised.
-/// Dropping it waits for the stream first (on an error path cuSPARSE may
-/// still have work queued that uses it), then frees every allocation. An
-/// address of 0 is no allocation.
+/// The device memory of one product, from `cuMemAlloc` or the cache,
+/// uninitialised. Dropping it waits for the stream first (on an error path
+/// cuSPARSE may still have work queued that uses it), then frees every
+/// allocation or returns it to the cache. An address of 0 is no
+/// allocation.
 struct Workspace<'a> {
     gpu: &'a Gpu,
     stream: &'a CudaStream,
+    cache: Option<&'a RefCell<Vec<DeviceMemory>>>,
     /// Every allocation, freed on drop.
     owned: Vec<DeviceMemory>,
     buffer1: u64,
@@ -424,10 +458,15 @@ struct Workspace<'a> {
 }
 
 impl<'a> Workspace<'a> {
-    fn new(gpu: &'a Gpu, stream: &'a CudaStream) -> Self {
+    fn new(
+        gpu: &'a Gpu,
+        stream: &'a CudaStream,
+        cache: Option<&'a RefCell<Vec<DeviceMemory>>>,
+    ) -> Self {
         Workspace {
             gpu,
             stream,
+            cache,
             owned: Vec::with_capacity(5),
             buffer1: 0,
             buffer2: 0,
@@ -438,19 +477,47 @@ impl<'a> Workspace<'a> {
 
     /// `bytes` of device memory owned by the workspace.
     fn alloc(&mut self, bytes: usize) -> Result<u64> {
-        let mem = self.gpu.alloc(bytes)?;
+        let cached = self.cache.and_then(|cache| {
+            let mut cache = cache.borrow_mut();
+            let best = (0..cache.len())
+                .filter(|&i| cache[i].bytes() >= bytes)
+                .min_by_key(|&i| cache[i].bytes());
+            match best {
+                Some(i) => Some(cache.swap_remove(i)),
+                None => {
+                    cache.clear();
+                    None
+                }
+            }
+        });
+        let mem = match cached {
+            Some(mem) => mem,
+            None => self.gpu.alloc(bytes)?,
+        };
         let ptr = mem.ptr();
         self.owned.push(mem);
         Ok(ptr)
     }
 
-    /// Frees cuSPARSE's two buffers now (the product is done with them).
+    /// Frees cuSPARSE's two buffers now, or returns them to the cache (the
+    /// product is done with them; called after the stream has finished).
     fn free_buffers(&mut self) {
         let (b1, b2) = (
             std::mem::take(&mut self.buffer1),
             std::mem::take(&mut self.buffer2),
         );
-        self.owned.retain(|m| m.ptr() != b1 && m.ptr() != b2);
+        let (done, kept) = std::mem::take(&mut self.owned)
+            .into_iter()
+            .partition(|m| m.ptr() == b1 || m.ptr() == b2);
+        self.owned = kept;
+        self.give_back(done);
+    }
+
+    /// Frees `blocks`, or returns them to the cache.
+    fn give_back(&self, blocks: Vec<DeviceMemory>) {
+        if let Some(cache) = self.cache {
+            cache.borrow_mut().extend(blocks);
+        }
     }
 }
 
@@ -461,6 +528,8 @@ impl Drop for Workspace<'_> {
         if self.stream.synchronize().is_err() {
             std::mem::forget(std::mem::take(&mut self.owned));
         }
+        let owned = std::mem::take(&mut self.owned);
+        self.give_back(owned);
     }
 }
 
@@ -710,7 +779,6 @@ mod tests {
     #[ignore = "needs an NVIDIA GPU"]
     fn products_match_the_cpu_reference() -> std::result::Result<(), Box<dyn std::error::Error>> {
         let gpu = crate::open_bench_gpu()?;
-        let cusparse = Cusparse::new(&gpu)?;
         // Square, skewed rows.
         let a = gen::rmat(9, 8, 7)?;
         // Rectangular (512 x 200), so C's shape is A's rows by B's columns.
@@ -724,14 +792,22 @@ mod tests {
             .collect();
         let b = Csr::from_triplets(512, 200, &triplets)?;
         let empty = Csr::zeros(512, 512)?;
-        for (x, y) in [(&a, &a), (&a, &b), (&empty, &b), (&a, &empty)] {
-            let reference = multiply(x, y)?;
-            let (dx, dy) = (DeviceCsr::upload(&gpu, x)?, DeviceCsr::upload(&gpu, y)?);
-            let (px, py) = (cusparse.prepare(&dx)?, cusparse.prepare(&dy)?);
-            let product = cusparse.multiply(&px, &py)?;
-            compare(&product.c.download()?, &reference)?;
-            assert!(product.peak_bytes >= product.buffer1_bytes + product.buffer2_bytes);
-            assert!(product.ms >= 0.0);
+        // Fresh buffers each time, then a cache: each product twice, so the
+        // cached handle's second run reuses the first one's blocks (and the
+        // next pair of inputs, of other sizes, frees and refills the cache).
+        for cusparse in [Cusparse::new(&gpu)?, Cusparse::cached(&gpu)?] {
+            for (x, y) in [(&a, &a), (&a, &b), (&empty, &b), (&a, &empty)] {
+                let reference = multiply(x, y)?;
+                let (dx, dy) = (DeviceCsr::upload(&gpu, x)?, DeviceCsr::upload(&gpu, y)?);
+                let (px, py) = (cusparse.prepare(&dx)?, cusparse.prepare(&dy)?);
+                for _ in 0..2 {
+                    let product = cusparse.multiply(&px, &py)?;
+                    compare(&product.c.download()?, &reference)?;
+                    assert!(product.peak_bytes >= product.buffer1_bytes + product.buffer2_bytes);
+                    assert!(product.ms >= 0.0);
+                }
+            }
+            cusparse.trim();
         }
         Ok(())
     }
