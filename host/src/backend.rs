@@ -34,6 +34,10 @@ pub trait Backend: Send + Sync + 'static {
     /// A number that identifies `stream` while it lives.
     fn stream_id(stream: &Self::Stream) -> usize;
 
+    /// True when `stream` is the last handle to its stream: no one else
+    /// can enqueue work on it any more, so a cache kept for it can go.
+    fn is_last_handle(stream: &Self::Stream) -> bool;
+
     /// The mapping granularity: chunk sizes and reservations are
     /// multiples of it.
     fn granularity(&self) -> Result<usize>;
@@ -112,6 +116,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Blocks the host until the work `event` recorded is done.
     fn synchronize(&self, event: &Self::Event) -> Result<()>;
+
+    /// Whether the work `event` recorded is done, without waiting (an
+    /// event never recorded is done).
+    fn query(&self, event: &Self::Event) -> Result<bool>;
 
     /// Blocks the host until all work on the device is done.
     fn synchronize_device(&self) -> Result<()>;

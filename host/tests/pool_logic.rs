@@ -363,15 +363,19 @@ fn bad_input_is_refused_and_changes_nothing() {
     ));
     let p = pool.alloc(4096, &s).unwrap();
     let span = pool.alloc(3 * MIB, &s).unwrap();
-    for bad in [0, 1, p + 256, span + 64 * KIB as u64, u64::MAX] {
+    for bad in [1, p + 256, span + 64 * KIB as u64, u64::MAX] {
         assert!(pool.free(bad, &s).is_err(), "{bad:#x}");
     }
+    // As `cudaFree(NULL)`: nothing to do, and no error.
+    pool.free(0, &s).unwrap();
+    pool.free_after(0, &[&s]).unwrap();
+    assert!(pool.free_after(p, &[]).is_err(), "no stream to free after");
     pool.free(p, &s).unwrap();
     assert!(pool.free(p, &s).is_err(), "double free");
     pool.free(span, &s).unwrap();
     assert!(pool.free(span, &s).is_err(), "double free of a span");
     let st = pool.stats();
-    assert_eq!((st.bad_frees, st.allocs, st.frees, st.in_use), (7, 2, 2, 0));
+    assert_eq!((st.bad_frees, st.allocs, st.frees, st.in_use), (6, 2, 2, 0));
 }
 
 #[test]
@@ -470,4 +474,264 @@ fn a_logged_pool_writes_rows_that_read_back() {
         ]
     );
     assert!(rows.iter().all(|r| r.stream == s.id() as u64));
+}
+
+/// Writes (or, with `verify`, checks) `seed`'s pattern over a block: all of
+/// it up to 64 KiB, else 256 bytes at the start of every 64 KiB page and
+/// at the end, so that any two overlapping blocks share a written byte.
+fn mark(
+    pool: &Pool<HostBackend>,
+    ptr: u64,
+    len: usize,
+    seed: u64,
+    verify: bool,
+) -> Result<(), String> {
+    let piece = if len <= 64 * KIB { len } else { 256 };
+    let mut at: Vec<usize> = (0..len).step_by(64 * KIB).collect();
+    if at.last().is_some_and(|&last| len - piece >= last + piece) {
+        at.push(len - piece);
+    }
+    for off in at {
+        let (p, n, s) = (ptr + off as u64, piece.min(len - off), seed ^ off as u64);
+        if verify {
+            check(pool, p, n, s)?;
+        } else {
+            fill(pool, p, n, s).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// A new user's workload: eight threads with their own streams allocate
+/// blocks of 256 B to 4 MiB (log-uniform), fill them and hand them to the
+/// next thread, which checks and frees them on its own stream; 20,000
+/// blocks in all. No block overlaps another, and the memory the pool maps
+/// stays within a bound of the peak in use (the blocks freed on one stream
+/// and needed on another go back to the heap, where spans of different
+/// sizes coalesce, instead of the pool growing).
+#[test]
+fn blocks_handed_between_threads_keep_memory_close_to_the_peak_in_use() {
+    const THREADS: usize = 8;
+    const BLOCKS: usize = 20_000 / THREADS;
+    let pool = pool(4096 * MIB, 2 * MIB, usize::MAX);
+    let live = Arc::new(AtomicU64::new(0));
+    let peak = Arc::new(AtomicU64::new(0));
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| std::sync::mpsc::sync_channel::<(u64, usize, u64)>(16))
+        .unzip();
+    let workers: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(t, rx)| {
+            let (pool, live, peak) = (pool.clone(), live.clone(), peak.clone());
+            let next = senders[(t + 1) % THREADS].clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let s = HostStream::new();
+                let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let (mut sent, mut received) = (0, 0);
+                let take = |rx: &std::sync::mpsc::Receiver<(u64, usize, u64)>,
+                            block: bool|
+                 -> Result<bool, String> {
+                    let got = if block {
+                        rx.recv().ok()
+                    } else {
+                        rx.try_recv().ok()
+                    };
+                    let Some((p, len, seed)) = got else {
+                        return Ok(false);
+                    };
+                    mark(&pool, p, len, seed, true)?;
+                    let bytes = pool.size_of(p).map_err(|e| e.to_string())? as u64;
+                    s.enqueue(); // the check's kernel
+                    pool.free(p, &s).map_err(|e| e.to_string())?;
+                    live.fetch_sub(bytes, Ordering::SeqCst);
+                    Ok(true)
+                };
+                while sent < BLOCKS {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    // 2^8 .. 2^22 bytes, log-uniform.
+                    let len = (256.0 * (2f64).powf((rng >> 11) as f64 / (1u64 << 53) as f64 * 14.0))
+                        as usize;
+                    let p = pool.alloc(len, &s).map_err(|e| e.to_string())?;
+                    let bytes = pool.size_of(p).map_err(|e| e.to_string())? as u64;
+                    let now = live.fetch_add(bytes, Ordering::SeqCst) + bytes;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    let seed = (t as u64) << 32 | sent as u64;
+                    mark(&pool, p, len, seed, false)?;
+                    s.enqueue(); // the fill's kernel
+                                 // Never block on a full channel: the next thread may be
+                                 // waiting on ours.
+                    let mut item = (p, len, seed);
+                    loop {
+                        match next.try_send(item) {
+                            Ok(()) => break,
+                            Err(std::sync::mpsc::TrySendError::Full(back)) => item = back,
+                            Err(e) => return Err(e.to_string()),
+                        }
+                        while take(&rx, false)? {
+                            received += 1;
+                        }
+                        std::thread::yield_now();
+                    }
+                    sent += 1;
+                    while take(&rx, false)? {
+                        received += 1;
+                    }
+                }
+                drop(next);
+                while received < BLOCKS && take(&rx, true)? {
+                    received += 1;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    drop(senders);
+    let results: Vec<Result<(), String>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    // The first thread to fail closes its channel and fails the others.
+    if let Some(e) = results
+        .iter()
+        .flat_map(|r| r.as_ref().err())
+        .min_by_key(|e| e.contains("closed"))
+    {
+        panic!("{e}");
+    }
+    let st = pool.stats();
+    let peak = peak.load(Ordering::SeqCst) as usize;
+    assert_eq!(
+        (st.allocs, st.frees, st.in_use, st.bad_frees),
+        (20_000, 20_000, 0, 0)
+    );
+    let ratio = st.reserved as f64 / peak as f64;
+    println!(
+        "mapped {} MiB for a peak of {} MiB in use: {ratio:.2}x ({} grows, {} retires)",
+        st.reserved / MIB,
+        peak / MIB,
+        st.grows,
+        st.retires
+    );
+    assert!(ratio <= 2.5, "{ratio:.2}x: {st:?}");
+}
+
+/// Streams that only the pool still holds are let go without
+/// `release_stream`: their caches are retired (their blocks reused once
+/// their work is done) and their counters kept.
+#[test]
+fn dropped_streams_are_forgotten_and_their_blocks_reused() {
+    let pool = pool(256 * MIB, 2 * MIB, usize::MAX);
+    let mut freed = Vec::new();
+    for _ in 0..64 {
+        let s = HostStream::new();
+        let p = pool.alloc(MIB, &s).unwrap();
+        s.enqueue();
+        pool.free(p, &s).unwrap();
+        freed.push(p);
+    }
+    // A new stream makes the pool sweep: at most the last stream (which the
+    // thread's hint may still name) is left.
+    let s = HostStream::new();
+    let p = pool.alloc(4096, &s).unwrap();
+    let st = pool.stats();
+    assert!(
+        st.cached_per_stream.len() <= 2,
+        "{:?}",
+        st.cached_per_stream
+    );
+    assert_eq!((st.allocs, st.frees), (65, 64), "counters kept");
+    // Each stream's megabyte came back to the heap once the stream was
+    // gone, for the next stream: the pool never held 64 of them.
+    assert!(st.reserved <= 8 * MIB, "{} MiB mapped", st.reserved / MIB);
+    let distinct: std::collections::HashSet<u64> = freed.iter().copied().collect();
+    assert!(distinct.len() < 8, "{} distinct blocks", distinct.len());
+    assert!(s.waits().is_empty(), "no device wait");
+    pool.free(p, &s).unwrap();
+    // Nothing was lost on the way: everything trims away.
+    assert_eq!(pool.trim(0).unwrap(), 2 * MIB);
+}
+
+/// A stream's cache holds at most its bound: past it, the largest blocks
+/// are retired, and reach another stream only after the device has
+/// finished the freeing stream's work.
+#[test]
+fn a_full_cache_retires_blocks_that_wait_for_their_stream() {
+    let cfg = PoolConfig {
+        initial: 2 * MIB,
+        chunk: 2 * MIB,
+        stream_cache_limit: 8 * MIB,
+        ..PoolConfig::new(256 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let (a, b) = (HostStream::new(), HostStream::new());
+    let blocks: Vec<u64> = (0..12).map(|_| pool.alloc(MIB, &a).unwrap()).collect();
+    a.enqueue();
+    a.hold(); // a kernel on A still uses the blocks
+    a.enqueue();
+    for &p in &blocks {
+        pool.free(p, &a).unwrap();
+    }
+    let st = pool.stats();
+    let on_a = st.cached_per_stream.iter().map(|c| c.1).sum::<usize>();
+    assert!(on_a <= 8 * MIB, "cache bound kept: {on_a}");
+    assert_eq!(
+        st.retired + on_a,
+        12 * MIB,
+        "every freed byte accounted for"
+    );
+    assert!(st.retires >= 1);
+    // B cannot have them while A's work runs.
+    let mapped = pool.stats().reserved;
+    let c = pool.alloc(4 * MIB, &b).unwrap();
+    assert!(
+        !blocks.contains(&c),
+        "a retired block was reused before its stream finished"
+    );
+    assert!(pool.stats().reserved > mapped, "the pool grew instead");
+    // Once A's work is done they are reused, without any wait.
+    a.finish();
+    let d = pool.alloc(4 * MIB, &b).unwrap();
+    assert!(
+        blocks.contains(&d),
+        "retired blocks reused once their stream finished"
+    );
+    assert!(b.waits().iter().all(|w| w.stream != a.id()));
+    pool.free(c, &b).unwrap();
+    pool.free(d, &b).unwrap();
+}
+
+/// A buffer used on a second stream is not reused, on any stream, before
+/// both streams finish the work enqueued before its drop: with the device
+/// full, the pool must wait for them on the host first; once they are
+/// done, no wait at all.
+#[test]
+fn a_buffer_used_on_another_stream_waits_for_both() {
+    let pool = pool(64 * MIB, 2 * MIB, 2 * MIB);
+    let (own, other, third) = (HostStream::new(), HostStream::new(), HostStream::new());
+    for finished_first in [false, true] {
+        let mut buf = DeviceBuffer::<u8, _>::new(&pool, 2 * MIB, &own).unwrap();
+        let ptr = buf.ptr();
+        buf.record_stream(&other);
+        buf.record_stream(&other); // once is enough
+        buf.record_stream(&own); // its own stream is always waited for
+        other.enqueue();
+        other.hold(); // a kernel on the other stream still reads it
+        let work = other.enqueue();
+        drop(buf);
+        assert_eq!(pool.stats().retired, 2 * MIB);
+        if finished_first {
+            other.finish();
+        }
+        let syncs = pool.backend().counts().event_syncs;
+        // The only 2 MiB of the device are in the buffer.
+        let p = pool.alloc(2 * MIB, &third).unwrap();
+        assert_eq!(p, ptr);
+        let waited = pool.backend().counts().event_syncs > syncs;
+        assert_eq!(waited, !finished_first, "host wait only while the work ran");
+        assert!(third.waits().is_empty());
+        assert!(other.work() >= work);
+        other.finish();
+        pool.free(p, &third).unwrap();
+        pool.trim(0).unwrap();
+    }
 }

@@ -7,7 +7,10 @@
 //! [`POISON`], so a block whose memory was unmapped under its owner (or
 //! remapped fresh) reads back wrong. Streams count the work enqueued on
 //! them and remember every event they waited for, so tests can check
-//! stream ordering. Physical memory can be limited to test out-of-memory
+//! stream ordering. Work completes at once, unless a test holds a stream
+//! ([`HostStream::hold`]): then the work enqueued after the hold is not
+//! done (an event recorded after it queries as pending) until
+//! [`HostStream::finish`], or until the host waits for such an event. Physical memory can be limited to test out-of-memory
 //! paths. A call that breaks a `# Safety` contract of [`Backend`] (a map
 //! over a mapping, an unmap of what is not mapped) panics: finding such
 //! bugs is what this backend is for.
@@ -16,7 +19,7 @@ use super::Backend;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// The byte new and unmapped memory is filled with.
 pub const POISON: u8 = 0xDB;
@@ -32,6 +35,7 @@ pub struct HostCounts {
     pub records: u64,
     pub waits: u64,
     pub event_syncs: u64,
+    pub queries: u64,
     pub device_syncs: u64,
 }
 
@@ -86,6 +90,9 @@ pub struct HostStream(Arc<StreamState>);
 struct StreamState {
     id: usize,
     work: AtomicU64,
+    /// While held, the count of work items done; `u64::MAX` when not held
+    /// (everything enqueued is done).
+    done: AtomicU64,
     waits: Mutex<Vec<Recorded>>,
 }
 
@@ -96,8 +103,10 @@ pub struct Recorded {
     pub work: u64,
 }
 
-/// An event of a [`HostBackend`].
-pub struct HostEvent(Mutex<Option<Recorded>>);
+/// An event of a [`HostBackend`]: what it recorded, and on which stream
+/// (not kept alive by the event, as a CUDA event does not keep its
+/// stream; the work of a stream no one holds any more counts as done).
+pub struct HostEvent(Mutex<Option<(Recorded, Weak<StreamState>)>>);
 
 static STREAM_IDS: AtomicUsize = AtomicUsize::new(1);
 
@@ -107,8 +116,33 @@ impl HostStream {
         HostStream(Arc::new(StreamState {
             id: STREAM_IDS.fetch_add(1, Ordering::Relaxed),
             work: AtomicU64::new(0),
+            done: AtomicU64::new(u64::MAX),
             waits: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// From now on, work enqueued on this stream is not done until
+    /// [`finish`](Self::finish) (what was enqueued before is done).
+    pub fn hold(&self) {
+        self.0.done.store(self.work(), Ordering::Release);
+    }
+
+    /// Completes all the stream's work and ends a [`hold`](Self::hold).
+    pub fn finish(&self) {
+        self.0.done.store(u64::MAX, Ordering::Release);
+    }
+
+    /// Whether the first `work` items enqueued are done.
+    fn is_done(&self, work: u64) -> bool {
+        work <= self.0.done.load(Ordering::Acquire)
+    }
+
+    /// Completes the first `work` items (the host waited for them).
+    fn complete(&self, work: u64) {
+        let _ = self
+            .0
+            .done
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| Some(d.max(work)));
     }
 
     pub fn id(&self) -> usize {
@@ -251,6 +285,10 @@ impl Backend for HostBackend {
         stream.id()
     }
 
+    fn is_last_handle(stream: &HostStream) -> bool {
+        Arc::strong_count(&stream.0) == 1
+    }
+
     fn granularity(&self) -> Result<usize> {
         Ok(self.granularity)
     }
@@ -367,25 +405,38 @@ impl Backend for HostBackend {
     }
 
     fn record(&self, event: &HostEvent, stream: &HostStream) -> Result<()> {
-        *lock(&event.0) = Some(Recorded {
+        let recorded = Recorded {
             stream: stream.id(),
             work: stream.work(),
-        });
+        };
+        *lock(&event.0) = Some((recorded, Arc::downgrade(&stream.0)));
         self.count(|c| c.records += 1);
         Ok(())
     }
 
     fn wait(&self, stream: &HostStream, event: &HostEvent) -> Result<()> {
-        if let Some(r) = *lock(&event.0) {
-            lock(&stream.0.waits).push(r);
+        if let Some((r, _)) = &*lock(&event.0) {
+            lock(&stream.0.waits).push(*r);
         }
         self.count(|c| c.waits += 1);
         Ok(())
     }
 
-    fn synchronize(&self, _event: &HostEvent) -> Result<()> {
+    fn synchronize(&self, event: &HostEvent) -> Result<()> {
+        if let Some((r, s)) = &*lock(&event.0) {
+            if let Some(s) = s.upgrade() {
+                HostStream(s).complete(r.work);
+            }
+        }
         self.count(|c| c.event_syncs += 1);
         Ok(())
+    }
+
+    fn query(&self, event: &HostEvent) -> Result<bool> {
+        self.count(|c| c.queries += 1);
+        Ok(lock(&event.0)
+            .as_ref()
+            .is_none_or(|(r, s)| s.upgrade().is_none_or(|s| HostStream(s).is_done(r.work))))
     }
 
     fn synchronize_device(&self) -> Result<()> {

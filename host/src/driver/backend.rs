@@ -66,6 +66,10 @@ impl Backend for CudaBackend {
         stream.cu_stream() as usize
     }
 
+    fn is_last_handle(stream: &Arc<CudaStream>) -> bool {
+        Arc::strong_count(stream) == 1
+    }
+
     fn granularity(&self) -> Result<usize> {
         self.bind()?;
         let mut gran = 0usize;
@@ -193,6 +197,10 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self, event: &CudaEvent) -> Result<()> {
         event.synchronize().during("cuEventSynchronize")
+    }
+
+    fn query(&self, event: &CudaEvent) -> Result<bool> {
+        event.try_is_complete().during("cuEventQuery")
     }
 
     fn synchronize_device(&self) -> Result<()> {

@@ -7,11 +7,16 @@ use crate::error::{Error, Result};
 use std::sync::Arc;
 
 /// `len` values of `T` from a [`Pool`], for use on one stream, freed on
-/// that stream when dropped. Copies are ordered on the same stream.
+/// that stream when dropped. Copies are ordered on the same stream. A
+/// buffer also used on other streams records them
+/// ([`record_stream`](Self::record_stream)); its memory is then reused
+/// only after the work enqueued on all of them up to the drop.
 pub struct DeviceBuffer<T, B: Backend = CudaBackend> {
     ptr: u64,
     len: usize,
     stream: B::Stream,
+    /// Other streams the buffer was used on.
+    uses: Vec<B::Stream>,
     pool: Arc<Pool<B>>,
     _t: std::marker::PhantomData<T>,
 }
@@ -27,6 +32,7 @@ impl<T: bytemuck::Pod, B: Backend> DeviceBuffer<T, B> {
             ptr,
             len,
             stream: stream.clone(),
+            uses: Vec::new(),
             pool: pool.clone(),
             _t: std::marker::PhantomData,
         })
@@ -102,11 +108,29 @@ impl<T, B: Backend> DeviceBuffer<T, B> {
     pub fn stream(&self) -> &B::Stream {
         &self.stream
     }
+
+    /// Records that work on `stream` uses the buffer (as PyTorch's
+    /// `Tensor.record_stream`): when the buffer is dropped, its memory
+    /// goes back to the pool only once the device has finished the work
+    /// enqueued by then on its own stream and on every recorded one. The
+    /// host never waits for it.
+    pub fn record_stream(&mut self, stream: &B::Stream) {
+        let id = B::stream_id(stream);
+        if id != B::stream_id(&self.stream) && !self.uses.iter().any(|s| B::stream_id(s) == id) {
+            self.uses.push(stream.clone());
+        }
+    }
 }
 
 impl<T, B: Backend> Drop for DeviceBuffer<T, B> {
     fn drop(&mut self) {
         // A buffer is freed once, by construction; an error cannot leave drop.
-        let _ = self.pool.free(self.ptr, &self.stream);
+        if self.uses.is_empty() {
+            let _ = self.pool.free(self.ptr, &self.stream);
+        } else {
+            let streams: Vec<&B::Stream> =
+                std::iter::once(&self.stream).chain(&self.uses).collect();
+            let _ = self.pool.free_after(self.ptr, &streams);
+        }
     }
 }

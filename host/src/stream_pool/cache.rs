@@ -64,6 +64,8 @@ pub(super) struct Cache<E> {
     pub(super) event: Option<E>,
     /// Bytes allocated minus bytes freed through this stream.
     pub(super) net: i64,
+    /// `bytes` as last added to the pool's count of cached bytes.
+    pub(super) reported: usize,
     pub(super) counts: [u64; 4],
 }
 
@@ -76,6 +78,7 @@ impl<E> Default for Cache<E> {
             dirty: false,
             event: None,
             net: 0,
+            reported: 0,
             counts: [0; 4],
         }
     }
@@ -116,6 +119,23 @@ impl<E> Cache<E> {
     pub(super) fn extend(&mut self, key: Key, blocks: Vec<u64>) {
         self.bytes += blocks.len() * key.bytes();
         self.list(key).extend(blocks);
+    }
+
+    /// Takes blocks, the largest first, until at most `keep` bytes stay.
+    pub(super) fn shed(&mut self, keep: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut spans: Vec<u32> = self.spans.keys().copied().collect();
+        spans.sort_unstable_by(|a, b| b.cmp(a));
+        let classes = (0..self.classes.len() as u32).rev().map(Key::Class);
+        for key in spans.into_iter().map(Key::Span).chain(classes) {
+            if self.bytes <= keep {
+                break;
+            }
+            let n = (self.bytes - keep).div_ceil(key.bytes());
+            out.extend(self.take(key, n));
+        }
+        self.spans.retain(|_, v| !v.is_empty());
+        out
     }
 
     /// Takes every block.
@@ -251,6 +271,34 @@ mod tests {
         assert_eq!((c.bytes, c.pop(a)), (0, None));
         c.extend(a, vec![4, 5]);
         assert_eq!(c.drain().len(), 2);
+        assert_eq!(c.bytes, 0);
+    }
+
+    #[test]
+    fn shedding_takes_the_largest_blocks_first_down_to_what_is_kept() {
+        let mut c = Cache::<()>::default();
+        let (small, mid, span) = (
+            Key::of(256).unwrap(),
+            Key::of(4096).unwrap(),
+            Key::of(1 << 20).unwrap(),
+        );
+        for i in 0..8 {
+            c.push(small, i);
+            c.push(mid, 100 + i);
+        }
+        c.push(span, 1000);
+        c.push(span, 1001);
+        let total = c.bytes;
+        // Keeping all but one span's worth: one span goes.
+        assert_eq!(c.shed(total - span.bytes()), vec![1001]);
+        // Keeping 5 small blocks' worth: the other span, every 4 KiB
+        // block, then 3 small ones.
+        let out = c.shed(5 * small.bytes());
+        assert_eq!(out.len(), 1 + 8 + 3);
+        assert_eq!(c.bytes, 5 * small.bytes());
+        assert!(out.contains(&1000) && (100..108).all(|p| out.contains(&p)));
+        assert!(c.shed(usize::MAX).is_empty());
+        assert_eq!(c.shed(0).len(), 5);
         assert_eq!(c.bytes, 0);
     }
 }

@@ -7,13 +7,22 @@
 //! - Each stream has a cache of blocks freed on it, by size ([`cache`]):
 //!   reuse on the same stream is immediate, because stream order already
 //!   puts the new user after the old one.
-//! - When the heap (as mapped now) has no room, another stream takes
-//!   cached blocks by recording a pooled event on the owner stream and
-//!   making itself wait on it: the device orders the two, the host never
-//!   waits. Only then does the pool map more memory.
-//! - When the heap is full the region maps more memory; when that fails,
-//!   the caches are returned to the heap (waiting for their streams'
-//!   events) before an out-of-memory error is returned.
+//! - Caches are bounded, per stream and in all. A cache past its bound,
+//!   and the cache of a stream no one else holds any more, is *retired*:
+//!   its blocks wait, with an event recorded on their stream, until the
+//!   device has finished that stream's work up to the free, then go back
+//!   to the heap (checked without waiting, [`Pool::free_after`] uses the
+//!   same path). The host never waits for this.
+//! - When the heap (as mapped now) has no room, the pool first takes back
+//!   retired blocks whose work is done; then another stream's cached
+//!   blocks of the same size, by recording a pooled event on the owner
+//!   stream and making itself wait on it (the device orders the two, the
+//!   host never waits); then it retires every cache and takes back what is
+//!   done. Only then does it map more memory, so memory that is cached
+//!   but idle is reused before the pool grows.
+//! - When mapping more fails, the caches are returned to the heap (waiting
+//!   for their streams' events) before an out-of-memory error is
+//!   returned.
 //! - Pages past the mapped memory are fenced in the heap's page map, so
 //!   no allocation can land there whatever limit it read; trim fences a
 //!   chunk (failing if any page of it is in use) before unmapping it.
@@ -34,12 +43,12 @@ use crate::driver::CudaBackend;
 use crate::error::{Error, Result};
 use crate::reclaim::EventPool;
 use crate::vmm::Region;
-use cache::{hinted, remember, thread_slot, Key, StreamCache, ALLOCS, CROSS, FREES, SAME};
+use cache::{hinted, remember, thread_slot, Cache, Key, StreamCache, ALLOCS, CROSS, FREES, SAME};
 use cudarc::driver::CudaContext;
 use cuheap_core::size_class::PAGE_SIZE;
 use cuheap_core::{Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
 use live::LiveBits;
-use stats::{BAD, FLUSHES, GROWS};
+use stats::{BAD, FLUSHES, GROWS, RETIRES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -57,6 +66,13 @@ const FOLD_EVERY: u64 = 64;
 /// Pool settings.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
+    /// Bytes one stream's cache may hold: past it, the largest blocks are
+    /// retired until half of it stays.
+    pub stream_cache_limit: usize,
+    /// Bytes all the streams' caches may hold together (checked on each
+    /// stream every 64 calls): a cache that finds the total past it
+    /// retires half of its blocks.
+    pub cache_limit: usize,
     /// Address space reserved up front; the pool never holds more.
     pub reserve: usize,
     /// Physical memory mapped at creation.
@@ -75,6 +91,8 @@ impl PoolConfig {
             initial: 64 << 20,
             chunk: 32 << 20,
             release_threshold: usize::MAX,
+            stream_cache_limit: 64 << 20,
+            cache_limit: 256 << 20,
         }
     }
 }
@@ -126,11 +144,27 @@ pub struct Pool<B: Backend = CudaBackend> {
     grow_lock: Mutex<()>,
     /// Counters of streams the pool no longer tracks (`release_stream`).
     forgotten_counts: Mutex<[u64; 4]>,
+    /// Blocks waiting for their streams before they go back to the heap.
+    retired: Mutex<Vec<Retired<B>>>,
+    /// Bytes of the blocks in `retired`.
+    retired_bytes: AtomicUsize,
+    /// Bytes in the streams' caches, as last reported by each.
+    cached_bytes: AtomicUsize,
+    stream_cache_limit: usize,
+    cache_limit: usize,
     release_threshold: usize,
     /// Bytes in use as of the last fold of the streams' `net` counters.
     folded: AtomicI64,
     peak: AtomicUsize,
-    counts: [AtomicU64; 3],
+    counts: [AtomicU64; 4],
+}
+
+/// Freed blocks on their way back to the heap: they go once every event
+/// has completed (the work of the streams that used them, up to the free).
+struct Retired<B: Backend> {
+    events: Vec<B::Event>,
+    blocks: Vec<u64>,
+    bytes: usize,
 }
 
 static POOL_IDS: AtomicU64 = AtomicU64::new(1);
@@ -188,6 +222,11 @@ impl<B: Backend> Pool<B> {
             region,
             grow_lock: Mutex::new(()),
             forgotten_counts: Mutex::new([0; 4]),
+            retired: Mutex::new(Vec::new()),
+            retired_bytes: AtomicUsize::new(0),
+            cached_bytes: AtomicUsize::new(0),
+            stream_cache_limit: cfg.stream_cache_limit,
+            cache_limit: cfg.cache_limit,
             release_threshold: cfg.release_threshold,
             folded: AtomicI64::new(0),
             peak: AtomicUsize::new(0),
@@ -245,13 +284,16 @@ impl<B: Backend> Pool<B> {
             .cloned();
         let c = match found {
             Some(c) => c,
-            None => self
-                .caches
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(id)
-                .or_insert_with(|| Arc::new(StreamCache::new(owner)))
-                .clone(),
+            None => {
+                // A new stream: a good time to let go of dropped ones.
+                self.sweep();
+                self.caches
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(id)
+                    .or_insert_with(|| Arc::new(StreamCache::new(owner)))
+                    .clone()
+            }
         };
         remember(self.id, Some(&c));
         c
@@ -264,20 +306,212 @@ impl<B: Backend> Pool<B> {
         self.peak.fetch_max(now.max(0) as usize, Ordering::Relaxed);
     }
 
-    /// Counts one call on a stream's cache and folds its bytes now and then.
-    fn account(&self, counts: &mut [u64; 4], net: &mut i64, which: usize, bytes: i64) {
-        counts[which] += 1;
-        *net += bytes;
-        if (counts[ALLOCS] + counts[FREES]).is_multiple_of(FOLD_EVERY) {
-            self.fold(net);
+    /// Counts one call on a stream's cache; now and then folds its bytes
+    /// in use and its cached bytes into the pool's, and retires half of
+    /// the cache when all caches together are past their bound.
+    fn account(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>, which: usize, bytes: i64) {
+        c.counts[which] += 1;
+        c.net += bytes;
+        if (c.counts[ALLOCS] + c.counts[FREES]).is_multiple_of(FOLD_EVERY) {
+            self.fold(&mut c.net);
+            self.report(c);
+            if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
+                self.shed(sc, c, c.bytes / 2);
+            }
         }
     }
 
+    /// Brings the pool's count of cached bytes up to date with `c`.
+    fn report(&self, c: &mut Cache<B::Event>) {
+        if c.bytes >= c.reported {
+            self.cached_bytes
+                .fetch_add(c.bytes - c.reported, Ordering::Relaxed);
+        } else {
+            self.cached_bytes
+                .fetch_sub(c.reported - c.bytes, Ordering::Relaxed);
+        }
+        c.reported = c.bytes;
+    }
+
+    /// Retires the largest blocks of `sc`'s cache until at most `keep`
+    /// bytes stay. If no event can be recorded they stay cached.
+    fn shed(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>, keep: usize) {
+        let blocks = c.shed(keep);
+        if let Err(blocks) = self.retire(&[&sc.stream], blocks) {
+            self.recache(c, blocks);
+        }
+        self.report(c);
+    }
+
+    /// Puts blocks back into a cache (their keys from the page map).
+    fn recache(&self, c: &mut Cache<B::Event>, blocks: Vec<u64>) {
+        let heap = self.heap();
+        for p in blocks {
+            if let Ok(b) = heap.block_at(p as usize) {
+                c.push(Key::of_block(&b), p);
+            }
+        }
+    }
+
+    /// Sends freed blocks back to the heap once the work enqueued so far
+    /// on each of `streams` is done: records an event on each, then
+    /// [`Pool::reclaim`] frees them when every event has completed. On an
+    /// error the blocks are handed back.
+    fn retire(
+        &self,
+        streams: &[&B::Stream],
+        blocks: Vec<u64>,
+    ) -> std::result::Result<(), Vec<u64>> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let backend = self.backend();
+        let mut events = Vec::with_capacity(streams.len());
+        for s in streams {
+            let recorded = self
+                .events
+                .get(backend)
+                .and_then(|e| backend.record(&e, s).map(|_| e));
+            match recorded {
+                Ok(e) => events.push(e),
+                Err(_) => {
+                    events.into_iter().for_each(|e| self.events.put(e));
+                    return Err(blocks);
+                }
+            }
+        }
+        let heap = self.heap();
+        let bytes = blocks
+            .iter()
+            .filter_map(|&p| heap.block_at(p as usize).ok())
+            .map(|b| Key::of_block(&b).bytes())
+            .sum();
+        self.retired_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.bump(RETIRES);
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Retired {
+                events,
+                blocks,
+                bytes,
+            });
+        Ok(())
+    }
+
+    /// Frees to the heap the retired blocks whose events have completed
+    /// (with `wait`, waits on the host for every one first). Returns the
+    /// bytes freed.
+    fn reclaim(&self, wait: bool) -> Result<usize> {
+        let backend = self.backend();
+        let mut done = Vec::new();
+        let mut failed = None;
+        {
+            let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+            let mut i = 0;
+            while i < retired.len() {
+                let ready = retired[i].events.iter().try_fold(true, |all, e| {
+                    if wait {
+                        backend.synchronize(e).map(|_| all)
+                    } else {
+                        backend.query(e).map(|d| all && d)
+                    }
+                });
+                match ready {
+                    Ok(true) => done.push(retired.swap_remove(i)),
+                    Ok(false) => i += 1,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let heap = self.heap();
+        let mut bytes = 0;
+        for r in done {
+            for p in r.blocks {
+                let _ = heap.free(p as usize as *mut u8, thread_slot());
+            }
+            r.events.into_iter().for_each(|e| self.events.put(e));
+            bytes += r.bytes;
+        }
+        self.retired_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(bytes),
+        }
+    }
+
+    /// Retires every stream's cache.
+    fn retire_all(&self) {
+        for sc in self.all_caches() {
+            let mut c = sc.lock();
+            if c.bytes > 0 {
+                self.shed(&sc, &mut c, 0);
+            }
+        }
+    }
+
+    fn all_caches(&self) -> Vec<Arc<StreamCache<B>>> {
+        self.caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the streams that no one but the pool holds any more: their
+    /// caches are retired (an event recorded on each stream before the
+    /// pool lets go of it) and their counters kept.
+    fn sweep(&self) {
+        let gone: Vec<Arc<StreamCache<B>>> = {
+            let mut caches = self.caches.write().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<usize> = caches
+                .iter()
+                .filter(|(_, sc)| B::is_last_handle(&sc.stream))
+                .map(|(&id, _)| id)
+                .collect();
+            ids.iter().filter_map(|id| caches.remove(id)).collect()
+        };
+        for sc in gone {
+            sc.released.store(true, Ordering::Release);
+            let mut c = sc.lock();
+            self.shed(&sc, &mut c, 0);
+            if c.bytes > 0 {
+                // No event could be recorded: wait on the host instead.
+                drop(c);
+                let _ = self.flush(&sc);
+                c = sc.lock();
+            }
+            self.forget(&mut c);
+        }
+    }
+
+    /// Keeps a forgotten stream's counters and bytes in the pool's.
+    fn forget(&self, c: &mut Cache<B::Event>) {
+        if let Some(e) = c.event.take() {
+            self.events.put(e);
+        }
+        self.fold(&mut c.net);
+        self.report(c);
+        let mut f = self
+            .forgotten_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (t, v) in f.iter_mut().zip(c.counts) {
+            *t += v;
+        }
+        c.counts = [0; 4];
+    }
+
     /// Allocates `size` bytes for use on `stream` (256-byte aligned). The
-    /// pool keeps `stream` alive while it caches blocks freed on it
-    /// ([`Pool::release_stream`] lets it go). Size 0 is an
-    /// [`Error::InvalidArgument`]; a size the pool cannot serve is
-    /// [`Error::PoolExhausted`].
+    /// pool keeps a handle to `stream` while it caches blocks freed on it;
+    /// once that handle is the last one, the pool retires the cache and
+    /// lets the stream go (when it next sees a new stream or runs short).
+    /// Size 0 is an [`Error::InvalidArgument`]; a size the pool cannot
+    /// serve is [`Error::PoolExhausted`].
     pub fn alloc(&self, size: usize, stream: &B::Stream) -> Result<u64> {
         if size == 0 {
             return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
@@ -287,16 +521,24 @@ impl<B: Backend> Pool<B> {
             _ => return Err(self.exhausted(size)),
         };
         let own = self.cache(stream);
-        // Own cache, then the heap as mapped now, then other streams'
-        // caches (a device-side wait), then more memory.
+        // Own cache, then the heap as mapped now, then retired blocks whose
+        // work is done, then other streams' caches (a device-side wait),
+        // then idle caches and more memory.
         let cached = own.lock().pop(key);
+        let from_heap = |pool: &Self| pool.heap().alloc(key.bytes(), thread_slot()).ok();
         let (ptr, how) = match cached {
             Some(p) => (p, Some(SAME)),
-            None => match self.heap().alloc(key.bytes(), thread_slot()) {
-                Ok(p) => (p as usize as u64, None),
-                Err(_) => match self.steal(&own, key)? {
-                    Some(p) => (p, Some(CROSS)),
-                    None => (self.fresh(key)?, None),
+            None => match from_heap(self) {
+                Some(p) => (p as usize as u64, None),
+                None => match (self.reclaim(false)? > 0)
+                    .then(|| from_heap(self))
+                    .flatten()
+                {
+                    Some(p) => (p as usize as u64, None),
+                    None => match self.steal(&own, key)? {
+                        Some(p) => (p, Some(CROSS)),
+                        None => (self.fresh(key)?, None),
+                    },
                 },
             },
         };
@@ -310,19 +552,22 @@ impl<B: Backend> Pool<B> {
             }
         }
         let mut c = own.lock();
-        let c = &mut *c;
         if let Some(how) = how {
             c.counts[how] += 1;
         }
-        self.account(&mut c.counts, &mut c.net, ALLOCS, key.bytes() as i64);
+        self.account(&own, &mut c, ALLOCS, key.bytes() as i64);
         Ok(ptr)
     }
 
     /// Frees a block on `stream`: later work on `stream` may reuse it at
     /// once; other streams only after the device finishes `stream`'s work
-    /// up to now. Pointers this pool did not hand out (or already freed)
-    /// are refused with an error and counted.
+    /// up to now. Freeing 0 does nothing (as `cudaFree(NULL)`). Pointers
+    /// this pool did not hand out (or already freed) are refused with an
+    /// error and counted.
     pub fn free(&self, ptr: u64, stream: &B::Stream) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
         let key = self.release_live(ptr)?;
         loop {
             let own = self.cache(stream);
@@ -334,12 +579,49 @@ impl<B: Backend> Pool<B> {
                 remember::<B>(self.id, None);
                 continue;
             }
-            let c = &mut *c;
             c.push(key, ptr);
             c.dirty = true;
-            self.account(&mut c.counts, &mut c.net, FREES, -(key.bytes() as i64));
+            self.account(&own, &mut c, FREES, -(key.bytes() as i64));
+            if c.bytes > self.stream_cache_limit {
+                self.shed(&own, &mut c, self.stream_cache_limit / 2);
+            }
             return Ok(());
         }
+    }
+
+    /// Frees a block used on several streams: it goes back to the heap
+    /// (not to a cache) once the device has finished the work enqueued so
+    /// far on every stream in `streams` (the stream it was allocated for
+    /// among them), checked without a host wait. Freeing 0 does nothing;
+    /// other pointers are checked as by [`Pool::free`].
+    pub fn free_after(&self, ptr: u64, streams: &[&B::Stream]) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let Some((first, _)) = streams.split_first() else {
+            return Err(Error::InvalidArgument(format!(
+                "free of {ptr:#x} after no stream"
+            )));
+        };
+        let key = self.release_live(ptr)?;
+        let own = self.cache(first);
+        let mut c = own.lock();
+        self.account(&own, &mut c, FREES, -(key.bytes() as i64));
+        drop(c);
+        if self.retire(streams, vec![ptr]).is_err() {
+            // No event could be recorded: wait for the streams on the host.
+            for s in streams {
+                let e = self.events.get(self.backend())?;
+                let waited = self
+                    .backend()
+                    .record(&e, s)
+                    .and_then(|_| self.backend().synchronize(&e));
+                self.events.put(e);
+                waited?;
+            }
+            let _ = self.heap().free(ptr as usize as *mut u8, thread_slot());
+        }
+        Ok(())
     }
 
     /// Bytes of the block at `ptr` (its class or span size, at least what
@@ -412,12 +694,21 @@ impl<B: Backend> Pool<B> {
         Ok(None)
     }
 
-    /// A block from the heap: grow the mapping, then return the caches to
-    /// the heap, before giving up.
+    /// A block from the heap: retire the idle caches, grow the mapping,
+    /// then return the caches to the heap, before giving up.
     fn fresh(&self, key: Key) -> Result<u64> {
         let (heap, size, slot) = (self.heap(), key.bytes(), thread_slot());
         if let Ok(p) = heap.alloc(size, slot) {
             return Ok(p as usize as u64);
+        }
+        // Cached memory that no stream is using goes back to the heap
+        // first (blocks of busy streams follow when their work is done).
+        self.sweep();
+        self.retire_all();
+        if self.reclaim(false)? > 0 {
+            if let Ok(p) = heap.alloc(size, slot) {
+                return Ok(p as usize as u64);
+            }
         }
         if let Some(p) = self.grow_and_alloc(size, slot) {
             return Ok(p);
@@ -425,6 +716,7 @@ impl<B: Backend> Pool<B> {
         // Under pressure: every cache back to the heap, then one more try
         // (growing again: a trim may have taken memory meanwhile).
         self.flush_all()?;
+        self.reclaim(true)?;
         heap.scavenge();
         match heap.alloc(size, slot) {
             Ok(p) => Ok(p as usize as u64),
@@ -491,14 +783,7 @@ impl<B: Backend> Pool<B> {
     /// each stream's work up to now. Used under memory pressure, by
     /// [`Pool::trim`] and [`Pool::release_stream`].
     fn flush_all(&self) -> Result<()> {
-        let all: Vec<Arc<StreamCache<B>>> = self
-            .caches
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for sc in all {
+        for sc in self.all_caches() {
             self.flush(&sc)?;
         }
         Ok(())
@@ -511,7 +796,9 @@ impl<B: Backend> Pool<B> {
                 return Ok(());
             }
             c.dirty = false;
-            c.drain()
+            let blocks = c.drain();
+            self.report(&mut c);
+            blocks
         };
         let backend = self.backend();
         let waited = self.events.get(backend).and_then(|e| {
@@ -526,11 +813,8 @@ impl<B: Backend> Pool<B> {
             // and the next steal must record a new event.
             let mut c = sc.lock();
             c.dirty = true;
-            for p in blocks {
-                if let Ok(b) = self.heap().block_at(p as usize) {
-                    c.push(Key::of_block(&b), p);
-                }
-            }
+            self.recache(&mut c, blocks);
+            self.report(&mut c);
             return Err(e);
         }
         let heap = self.heap();
@@ -542,7 +826,8 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Waits for `stream`, returns its cache to the heap and forgets the
-    /// stream. Call before destroying a stream the pool has seen.
+    /// stream now. Not needed before dropping a stream: the pool lets go
+    /// of streams it alone holds by itself, without a host wait.
     pub fn release_stream(&self, stream: &B::Stream) -> Result<()> {
         let id = B::stream_id(stream);
         let sc = self
@@ -553,18 +838,7 @@ impl<B: Backend> Pool<B> {
         if let Some(sc) = sc {
             sc.released.store(true, Ordering::Release);
             self.flush(&sc)?;
-            let mut c = sc.lock();
-            if let Some(e) = c.event.take() {
-                self.events.put(e);
-            }
-            self.fold(&mut c.net);
-            let mut f = self
-                .forgotten_counts
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            for (t, v) in f.iter_mut().zip(c.counts) {
-                *t += v;
-            }
+            self.forget(&mut sc.lock());
         }
         remember::<B>(self.id, None);
         Ok(())
@@ -582,6 +856,7 @@ impl<B: Backend> Pool<B> {
     /// O(pages of the chunks unmapped + cached blocks).
     pub fn trim(&self, keep: usize) -> Result<usize> {
         self.flush_all()?;
+        self.reclaim(true)?;
         let heap = self.heap();
         heap.scavenge();
         let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());

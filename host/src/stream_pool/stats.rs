@@ -16,6 +16,9 @@ pub struct PoolStats {
     pub peak_in_use: usize,
     /// Bytes freed and cached, per stream (its id as an integer).
     pub cached_per_stream: Vec<(usize, usize)>,
+    /// Bytes freed and retired: back to the heap once the device has
+    /// finished their streams' work.
+    pub retired: usize,
     /// 1 - largest free run / free bytes of the mapped heap (0 = none).
     pub fragmentation: f64,
     pub allocs: u64,
@@ -25,14 +28,18 @@ pub struct PoolStats {
     /// Blocks taken from another stream's cache (with an event wait).
     pub cross_stream_reuse: u64,
     pub grows: u64,
+    /// Times blocks were retired (a cache past its bound, a dropped
+    /// stream, a pool short of memory, [`Pool::free_after`](super::Pool::free_after)).
+    pub retires: u64,
     pub flushes: u64,
     pub bad_frees: u64,
 }
 
 impl PoolStats {
-    /// Bytes cached on all streams.
+    /// Bytes freed and not yet back in the heap: cached on all streams,
+    /// and retired.
     pub fn cached(&self) -> usize {
-        self.cached_per_stream.iter().map(|c| c.1).sum()
+        self.cached_per_stream.iter().map(|c| c.1).sum::<usize>() + self.retired
     }
 }
 
@@ -40,6 +47,7 @@ impl PoolStats {
 pub(super) const GROWS: usize = 0;
 pub(super) const FLUSHES: usize = 1;
 pub(super) const BAD: usize = 2;
+pub(super) const RETIRES: usize = 3;
 
 impl<B: Backend> Pool<B> {
     /// Free bytes of the mapped heap and its largest free run, in one pass.
@@ -103,7 +111,9 @@ impl<B: Backend> Pool<B> {
             frees: per_stream[FREES] + gone[FREES],
             same_stream_reuse: per_stream[SAME] + gone[SAME],
             cross_stream_reuse: per_stream[CROSS] + gone[CROSS],
+            retired: self.retired_bytes.load(Ordering::Relaxed),
             grows: c(GROWS),
+            retires: c(RETIRES),
             flushes: c(FLUSHES),
             bad_frees: c(BAD),
         };
