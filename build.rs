@@ -4,7 +4,9 @@
 //! - `$OUT_DIR/cuheap.ptx` (`cuheap::PTX`): the kernels crate with its
 //!   `c-abi` feature, the heap and its C ABI, what a program links;
 //! - `$OUT_DIR/cuheap_bench.ptx` (`cuheap::BENCH_PTX`): with its `bench`
-//!   feature, the benchmark and test kernels.
+//!   feature, the benchmark and test kernels. Some use Rust's `alloc`
+//!   crate on the device heap, so this build compiles `alloc` for nvptx64
+//!   too (`-Zbuild-std=core,alloc`); the heap's own PTX needs only `core`.
 //!
 //! Each build has its own target directory: both write a
 //! `cuheap_kernels.s`, and one shared directory would keep whichever ran last.
@@ -71,9 +73,19 @@ fn main() {
         ));
     }
     let rustflags = format!("-Ctarget-cpu={arch}{scope}");
-    for (feature, file) in [("c-abi", "cuheap.ptx"), ("bench", "cuheap_bench.ptx")] {
+    for (feature, std_crates, file) in [
+        ("c-abi", "core", "cuheap.ptx"),
+        ("bench", "core,alloc", "cuheap_bench.ptx"),
+    ] {
         let target_dir = out.join(format!("kernels-{feature}"));
-        build_ptx(&root, &toolchain, &rustflags, feature, &target_dir);
+        build_ptx(
+            &root,
+            &toolchain,
+            &rustflags,
+            feature,
+            std_crates,
+            &target_dir,
+        );
         // Where cargo puts `--emit=asm` output differs between versions
         // (`release/deps/` before its build-dir layout, `build/<pkg>/<hash>/out/`
         // after): take the newest `cuheap_kernels*.s` under the target dir.
@@ -91,8 +103,16 @@ fn main() {
     println!("cargo:rustc-env=CUHEAP_PTX_ARCH={arch}");
 }
 
-/// Runs the nested nightly build of the kernels crate with `feature`.
-fn build_ptx(root: &Path, toolchain: &str, rustflags: &str, feature: &str, target_dir: &Path) {
+/// Runs the nested nightly build of the kernels crate with `feature`,
+/// building the standard library crates `std_crates` from source.
+fn build_ptx(
+    root: &Path,
+    toolchain: &str,
+    rustflags: &str,
+    feature: &str,
+    std_crates: &str,
+    target_dir: &Path,
+) {
     let mut cmd = Command::new("cargo");
     for v in SCRUB {
         cmd.env_remove(v);
@@ -103,7 +123,7 @@ fn build_ptx(root: &Path, toolchain: &str, rustflags: &str, feature: &str, targe
             "--release",
             "--target",
             "nvptx64-nvidia-cuda",
-            "-Zbuild-std=core",
+            &format!("-Zbuild-std={std_crates}"),
             "--features",
             feature,
         ])

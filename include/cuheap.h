@@ -5,9 +5,9 @@
  * A heap is zeroed metadata plus a 64 KiB-aligned data region, in memory
  * the program owns: ask cuheap_meta_bytes for the metadata size, zero it,
  * then call cuheap_init from one thread of a kernel launched before any
- * kernel that allocates. cuheap_malloc, cuheap_aligned_alloc and
- * cuheap_free then use that heap from any thread of any later kernel of
- * the program.
+ * kernel that allocates. cuheap_malloc, cuheap_aligned_alloc,
+ * cuheap_realloc and cuheap_free then use that heap from any thread of any
+ * later kernel of the program.
  *
  * Bad input never traps or hangs: size 0, sizes over the heap and
  * exhaustion return NULL (counted in failed_allocs); freeing NULL does
@@ -56,11 +56,31 @@ __device__ int cuheap_init(void* meta, unsigned long long meta_bytes,
  * to 64 KiB: aligned to their size), or NULL. Any thread, converged or not. */
 __device__ void* cuheap_malloc(size_t size);
 
-/* A block aligned to `alignment` (a power of two up to 64 KiB, else NULL).
- * Above 16 bytes of alignment, a size up to 64 KiB is rounded up to a power
- * of two of at least `alignment`, which can double the block; larger sizes
- * are 64 KiB aligned and not rounded. */
+/* A block of at least `size` bytes at a multiple of `alignment`, a power of
+ * two up to 64 KiB (the page size); NULL for other alignments (counted in
+ * failed_allocs, like size 0, sizes over the heap and exhaustion). The
+ * block is the smallest size class whose blocks all have the alignment
+ * (300 bytes at 64 take the 320-byte class): nothing is padded. Sizes over
+ * 64 KiB are whole pages, 64 KiB aligned. Free it with cuheap_free. */
 __device__ void* cuheap_aligned_alloc(size_t alignment, size_t size);
+
+/* Resizes the block at `ptr` to `size` bytes, keeping its contents up to
+ * the smaller of the two sizes, 16-byte aligned as C's realloc.
+ * - The same pointer while `size` still fits the block (and, for a shrink,
+ *   while no block half its size would do); blocks over 64 KiB grow and
+ *   shrink in place by whole pages when the pages after them are free.
+ * - Otherwise a new block with the contents copied; the old one is freed.
+ * - A shrink never fails: it moves to a smaller block if the heap has one,
+ *   else stays.
+ * - ptr NULL: cuheap_malloc(size).
+ * - NULL on failure, with the old block untouched and still to be freed:
+ *   size 0 (unlike some C libraries, the block is not freed), sizes over
+ *   the heap, exhaustion (counted in failed_allocs), or a pointer that is
+ *   not a live block's start (counted in bad_frees).
+ * The calling thread owns the block: no other thread uses it during the
+ * call. A block from cuheap_aligned_alloc keeps its alignment while it
+ * stays in place; a moved block is 16-byte aligned. */
+__device__ void* cuheap_realloc(void* ptr, size_t size);
 
 /* Frees a block from any thread (see above for bad input). */
 __device__ void cuheap_free(void* ptr);

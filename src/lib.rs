@@ -11,9 +11,12 @@ pub use cuheap_host as host;
 pub use cuheap_host::{DeviceHeap, DevicePtr, Error, Gpu, Kernel, LaunchConfig, Result, Stats};
 
 /// The PTX a program links: the heap and its C ABI (`cuheap_malloc`,
-/// `cuheap_free`, the `cuheap_heap` global), built by `build.rs` from
-/// `kernels/` (with `cuheap-core` inside) with its `c-abi` feature. Rust
-/// kernels call `dev_alloc`/`dev_free` from the kernels crate instead.
+/// `cuheap_aligned_alloc`, `cuheap_realloc`, `cuheap_free`, the
+/// `cuheap_heap` global), built by `build.rs` from `kernels/` (with
+/// `cuheap-core` inside) with its `c-abi` feature. Rust kernels call
+/// `dev_alloc`/`dev_free` (and `dev_alloc_aligned`/`dev_realloc`) from the
+/// kernels crate instead, or use `Box`/`Vec`/`String` on the module heap
+/// through its `alloc` feature.
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cuheap.ptx"));
 
 /// The benchmark and test kernels (the `bench` feature of `kernels/`),
@@ -229,7 +232,8 @@ mod tests {
                 "cuheap_get_stats",
                 "cuheap_init",
                 "cuheap_malloc",
-                "cuheap_meta_bytes"
+                "cuheap_meta_bytes",
+                "cuheap_realloc"
             ]
         );
         assert!(PTX.contains(".visible .global .align 8 .b8 cuheap_heap[24]"));

@@ -1,9 +1,12 @@
 //! The in-kernel heap on a GPU: every size class in every kernel shape,
-//! spans, exhaustion, bad frees, a random stress, and the C ABI.
+//! spans, exhaustion, bad frees, a random stress, the C ABI, aligned
+//! allocation at every power of two up to the page size, realloc, and
+//! per-thread `Vec`s on the module heap checked against the CPU.
 
 mod common;
 use common::*;
-use cuheap::core::size_class::{CLASS_SIZES, PAGE_SIZE};
+use cuheap::bench::workload::{aligned_case, vec_checksum, vec_len};
+use cuheap::core::size_class::{CLASS_SIZES, MAX_ALIGN, PAGE_SIZE};
 use cuheap::{DeviceHeap, DevicePtr, Gpu, LaunchConfig};
 
 fn heap(gpu: &Gpu, bytes: usize) -> DeviceHeap {
@@ -219,7 +222,7 @@ fn c_abi_from_cuda_cpp() {
     errors.read(0, &mut e).unwrap();
     assert_eq!(e, [0, 0]);
     assert_empty(&h);
-    println!("C ABI: 1M CUDA C++ threads used cuheap_malloc/cuheap_free");
+    println!("C ABI: 1M CUDA C++ threads used cuheap_malloc/cuheap_realloc/cuheap_free");
 }
 
 #[test]
@@ -309,4 +312,159 @@ fn growth_between_launches_retries_only_what_failed() {
     });
     assert!(matches!(r, Err(cuheap::Error::OutOfMemory { .. })), "{r:?}");
     free(&gpu, &fixed, &b, n);
+}
+
+/// Every power-of-two alignment from 1 B to the page size (64 KiB), at
+/// sizes from 1 B to three times the alignment, through
+/// `dev_alloc_aligned` and through Rust's global allocator on the module
+/// heap: every block aligned, none overlapping (checked on the host from
+/// the addresses, and on the device by filling and re-reading), all
+/// returned.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn aligned_alloc_every_power_of_two_up_to_the_page_size() {
+    let gpu = gpu();
+    let h = heap(&gpu, 4 << 30);
+    h.install(&gpu).unwrap();
+    let n = 17 * 4096;
+    let b = Bufs::new(&gpu, n);
+    let cfg = LaunchConfig::for_threads(n);
+    for global in [0u32, 1] {
+        // SAFETY: `b.ptrs` holds n pointers and `b.errors` two u32s; the
+        // heap (also the module's, installed above) and the buffers
+        // outlive the launches, which are waited for.
+        unsafe {
+            b.kernels
+                .alloc_aligned_cuheap(&cfg, &h, n, global, b.ptrs.as_ptr(), b.errors.as_ptr())
+                .unwrap();
+            gpu.sync().unwrap();
+            b.kernels
+                .check_aligned(&cfg, b.ptrs.as_ptr(), n, b.errors.as_ptr())
+                .unwrap();
+            gpu.sync().unwrap();
+        }
+        assert_eq!(
+            b.take_errors(),
+            [0, 0],
+            "global {global}: [nulls, misaligned or damaged]"
+        );
+        let ptrs = b.ptrs(n);
+        let mut blocks: Vec<(u64, usize)> = Vec::with_capacity(n as usize);
+        for (tid, &p) in ptrs.iter().enumerate() {
+            let (size, align) = aligned_case(tid as u32);
+            assert!(align <= MAX_ALIGN);
+            assert!(
+                p != 0 && p % align as u64 == 0,
+                "thread {tid}: {p:#x} for {size} B at {align}"
+            );
+            blocks.push((p, size));
+        }
+        blocks.sort();
+        for w in blocks.windows(2) {
+            assert!(
+                w[0].0 + w[0].1 as u64 <= w[1].0,
+                "overlap: {:?} and {:?}",
+                w[0],
+                w[1]
+            );
+        }
+        let s = h.stats().unwrap();
+        assert_eq!(s.failed_allocs, 0);
+        assert!(s.spans > 0, "the large alignments take spans too");
+        free(&gpu, &h, &b, n);
+        assert_empty(&h);
+    }
+    assert_eq!(h.stats().unwrap().bad_frees, 0);
+    println!("aligned: {n} blocks at every power of two from 1 B to 64 KiB, twice (dev_alloc_aligned, GlobalAlloc)");
+}
+
+/// Each thread resizes one block through eight sizes (mostly under 4 KiB,
+/// now and then a span of up to 256 KiB) at an alignment of 1 B to 4 KiB,
+/// through `dev_realloc` and through Rust's global allocator: the kept
+/// bytes survive every step, the alignment too, growth to the block's own
+/// size stays in place, and everything is returned.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn realloc_keeps_contents_alignment_and_grows_in_place() {
+    let gpu = gpu();
+    let h = heap(&gpu, 4 << 30);
+    h.install(&gpu).unwrap();
+    let n = 256 << 10;
+    let b = Bufs::new(&gpu, 1);
+    for global in [0u32, 1] {
+        // SAFETY: `b.errors` holds two u32s; the heap (also the module's)
+        // and the buffer outlive the launch, which is waited for.
+        unsafe {
+            b.kernels
+                .realloc_chain(
+                    &LaunchConfig::for_threads(n),
+                    &h,
+                    n,
+                    global,
+                    b.errors.as_ptr(),
+                )
+                .unwrap()
+        };
+        gpu.sync().unwrap();
+        assert_eq!(
+            b.take_errors(),
+            [0, 0],
+            "global {global}: [nulls, lost contents / misaligned / moved in place]"
+        );
+        assert_empty(&h);
+    }
+    let s = h.stats().unwrap();
+    assert_eq!((s.failed_allocs, s.bad_frees), (0, 0));
+    println!("realloc: 2 x {n} threads x 8 steps, contents and alignment kept");
+}
+
+/// The showcase: every thread pushes its own number of values onto a
+/// `Vec<u64>` (growing by realloc, some into spans), shrinks it into a
+/// `Box<[u64]>` and spells its checksum in a `String`; each thread's length
+/// and checksum must equal the CPU's, and every block must be returned.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn vec_building_kernel_matches_the_cpu() {
+    let gpu = gpu();
+    let h = heap(&gpu, 4 << 30);
+    h.install(&gpu).unwrap();
+    let b = Bufs::new(&gpu, 1);
+    let n = 256u32 << 10;
+    let out = gpu.alloc_zeroed(n as usize * 16).unwrap();
+    for seed in [1u32, 2] {
+        // SAFETY: `out` holds 2n u64s and `b.errors` two u32s; the
+        // installed heap and the buffers outlive the launch, which is
+        // waited for.
+        unsafe {
+            b.kernels
+                .vec_build(
+                    &LaunchConfig::for_threads(n),
+                    n,
+                    seed,
+                    out.as_ptr(),
+                    b.errors.as_ptr(),
+                )
+                .unwrap()
+        };
+        gpu.sync().unwrap();
+        assert_eq!(
+            b.take_errors(),
+            [0, 0],
+            "seed {seed}: [exhausted, misspelled]"
+        );
+        let mut got = vec![0u64; 2 * n as usize];
+        out.read(0, &mut got).unwrap();
+        let mut values = 0u64;
+        for tid in 0..n {
+            let (len, sum) = (got[2 * tid as usize], got[2 * tid as usize + 1]);
+            let want = vec_len(tid, seed) as u64;
+            assert_eq!(len, want, "thread {tid}: length");
+            assert_eq!(sum, vec_checksum(tid, seed), "thread {tid}: checksum");
+            values += want;
+        }
+        assert_empty(&h);
+        println!("Vec: {n} threads pushed {values} values (seed {seed}), all match the CPU");
+    }
+    let s = h.stats().unwrap();
+    assert_eq!((s.failed_allocs, s.bad_frees), (0, 0));
 }

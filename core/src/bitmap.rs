@@ -63,6 +63,14 @@ impl<'a, W: Word> Bitmap<'a, W> {
         old & mask
     }
 
+    /// Whether block `i` is free (a snapshot: a block's owner asks about
+    /// its own block, which nobody else can claim or free meanwhile).
+    #[inline(always)]
+    pub fn is_free(&self, i: u32) -> bool {
+        W::load(&self.words[(i / W::BITS) as usize], Ordering::Relaxed) & W::bit(i % W::BITS)
+            != W::ZERO
+    }
+
     /// Number of set bits in the first `nwords` words (quiescent use only).
     pub fn count_free(&self, nwords: u32) -> u32 {
         self.words[..nwords as usize]

@@ -42,10 +42,16 @@ pub mod stats;
 pub mod sync;
 pub mod word;
 
-pub use heap::{AllocError, BlockInfo, FreeError, FreeOutcome, Grant, Heap, HeapHandle, Run};
+pub use heap::{
+    AllocError, BlockInfo, FreeError, FreeOutcome, Grant, Heap, HeapHandle, ReallocError, Resize,
+    Run,
+};
 pub use layout::Layout;
 #[cfg(all(feature = "std", not(loom)))]
 pub use owned::OwnedHeap;
-pub use size_class::{class_of, class_size, CLASS_COUNT, MAX_CLASS_SIZE, PAGE_SIZE};
+pub use size_class::{
+    class_align, class_of, class_of_aligned, class_size, CLASS_COUNT, MAX_ALIGN, MAX_CLASS_SIZE,
+    PAGE_SIZE,
+};
 pub use stats::{Counters, Stats};
 pub use word::Word;

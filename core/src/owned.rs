@@ -87,9 +87,250 @@ impl<W: Word> Drop for OwnedHeap<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heap::{AllocError, FreeError};
-    use crate::size_class::{CLASS_SIZES, MAX_CLASS_SIZE};
+    use crate::heap::{AllocError, FreeError, ReallocError, Resize};
+    use crate::size_class::{class_of, class_size, CLASS_SIZES, MAX_ALIGN, MAX_CLASS_SIZE};
     use std::vec::Vec;
+
+    /// [`Heap::realloc`] on slot 0.
+    fn resize<W: Word>(
+        heap: &Heap<'_, W>,
+        p: *mut u8,
+        size: usize,
+        align: usize,
+    ) -> Result<*mut u8, ReallocError> {
+        // SAFETY: the tests pass null, their own live blocks, or addresses
+        // that are not live blocks (refused before anything is read).
+        unsafe { heap.realloc(p, size, align, 0) }
+    }
+
+    /// Fills `n` bytes at `p` with `tag`.
+    fn fill(p: *mut u8, n: usize, tag: u8) {
+        // SAFETY: callers pass a live block of at least `n` bytes they own.
+        unsafe { p.write_bytes(tag, n) };
+    }
+
+    /// Whether the `n` bytes at `p` all hold `tag`.
+    fn holds(p: *const u8, n: usize, tag: u8) -> bool {
+        // SAFETY: as for `fill`.
+        unsafe { core::slice::from_raw_parts(p, n) }
+            .iter()
+            .all(|&b| b == tag)
+    }
+
+    /// Every power-of-two alignment up to the page size, at sizes below,
+    /// at and above it: aligned, no padding beyond the smallest aligned
+    /// class, and freed normally.
+    #[test]
+    fn every_alignment_up_to_the_page_size() {
+        let h = OwnedHeap::<u32>::new(160, 2).unwrap();
+        let heap = h.heap();
+        let mut live = Vec::new();
+        let mut align = 1;
+        while align <= MAX_ALIGN {
+            for size in [1, align / 2 + 1, align, 3 * align / 2 + 1, 100, 5000] {
+                let p = heap.alloc_aligned(size, align, 0).unwrap();
+                assert!((p as usize).is_multiple_of(align), "{size} B at {align}");
+                let got = heap.block_at(p as usize).unwrap().size;
+                assert!(got >= size);
+                if let Some(c) = crate::size_class::class_of_aligned(size, align) {
+                    assert_eq!(got, class_size(c) as usize, "{size} B at {align}");
+                }
+                fill(p, size, align.trailing_zeros() as u8);
+                live.push((p, size, align.trailing_zeros() as u8));
+            }
+            align *= 2;
+        }
+        heap.check_invariants().unwrap();
+        for (p, size, tag) in live {
+            assert!(holds(p, size, tag));
+            heap.free(p, 1).unwrap();
+        }
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
+        assert_eq!(heap.stats().failed_allocs, 0);
+    }
+
+    #[test]
+    fn bad_alignments_are_refused_and_counted() {
+        let h = OwnedHeap::<u64>::new(4, 1).unwrap();
+        let heap = h.heap();
+        for align in [0, 3, 24, 2 * MAX_ALIGN, usize::MAX] {
+            assert_eq!(
+                heap.alloc_aligned(64, align, 0),
+                Err(AllocError::BadAlignment)
+            );
+        }
+        assert_eq!(heap.alloc_aligned(0, 64, 0), Err(AllocError::ZeroSize));
+        let s = heap.stats();
+        assert_eq!((s.failed_allocs, s.failed_bytes), (6, 0));
+        assert!(s.is_empty());
+    }
+
+    /// Growth within the block stays in place; growth past it moves and
+    /// keeps the contents; a shrink to at most half moves to a smaller
+    /// block; a shrink by less stays.
+    #[test]
+    fn realloc_in_place_moves_and_shrinks() {
+        let h = OwnedHeap::<u32>::new(16, 1).unwrap();
+        let heap = h.heap();
+        let p = heap.alloc(100, 0).unwrap(); // the 112 B class
+        fill(p, 100, 7);
+        let q = resize(&heap, p, 112, 16).unwrap();
+        assert_eq!(q, p, "fits its class: in place");
+        let q = resize(&heap, q, 113, 16).unwrap();
+        assert_ne!(q, p, "past its class: moved");
+        assert!(holds(q, 100, 7), "contents kept");
+        assert_eq!(
+            heap.free(p, 0),
+            Err(FreeError::NotAllocated),
+            "old block freed"
+        );
+        assert_eq!(heap.block_at(q as usize).unwrap().size, 128);
+        let r = resize(&heap, q, 65, 16).unwrap();
+        assert_eq!(r, q, "80 B would do, more than half of 128: stays");
+        let r = resize(&heap, q, 64, 16).unwrap();
+        assert_ne!(r, q, "64 B is half of 128: moves");
+        assert!(holds(r, 64, 7));
+        assert_eq!(heap.block_at(r as usize).unwrap().size, 64);
+        // A larger alignment than the block has moves it.
+        let a = resize(&heap, r, 64, 4096).unwrap();
+        assert!((a as usize).is_multiple_of(4096) && holds(a, 64, 7));
+        heap.free(a, 0).unwrap();
+        heap.check_invariants().unwrap();
+        let s = heap.stats();
+        assert!(s.is_empty());
+        assert_eq!((s.failed_allocs, s.bad_frees), (0, 1));
+    }
+
+    /// Spans grow into the pages after them and shrink by giving pages
+    /// back; a class block grows into a span and back.
+    #[test]
+    fn realloc_spans_in_place() {
+        let h = OwnedHeap::<u64>::new(12, 1).unwrap();
+        let heap = h.heap();
+        let s = heap.alloc(PAGE_SIZE + 1, 0).unwrap();
+        fill(s, PAGE_SIZE + 1, 3);
+        let g = resize(&heap, s, 5 * PAGE_SIZE, 8).unwrap();
+        assert_eq!(g, s, "the next pages are free: grown in place");
+        assert_eq!(heap.block_at(g as usize).unwrap().size, 5 * PAGE_SIZE);
+        assert!(holds(g, PAGE_SIZE + 1, 3));
+        heap.check_invariants().unwrap();
+        fill(g, 5 * PAGE_SIZE, 4);
+        let k = resize(&heap, g, 2 * PAGE_SIZE, 8).unwrap();
+        assert_eq!(k, g, "shrunk in place");
+        assert_eq!(heap.stats().span_pages, 2);
+        heap.check_invariants().unwrap();
+        // Block the pages after it: growing moves.
+        let wall = heap.alloc(2 * PAGE_SIZE, 0).unwrap();
+        assert_eq!(wall as usize, k as usize + 2 * PAGE_SIZE);
+        let m = resize(&heap, k, 3 * PAGE_SIZE, 8).unwrap();
+        assert_ne!(m, k);
+        assert!(holds(m, 2 * PAGE_SIZE, 4));
+        heap.check_invariants().unwrap();
+        // Down to a class block at most half a page: moves off the span.
+        let c = resize(&heap, m, 1000, 8).unwrap();
+        assert_eq!(heap.block_at(c as usize).unwrap().class, class_of(1000));
+        assert!(holds(c, 1000, 4));
+        // And back up to a span.
+        let b = resize(&heap, c, MAX_CLASS_SIZE + 1, 8).unwrap();
+        assert!((b as usize).is_multiple_of(PAGE_SIZE) && holds(b, 1000, 4));
+        for p in [b, wall] {
+            heap.free(p, 0).unwrap();
+        }
+        heap.check_invariants().unwrap();
+        let s = heap.stats();
+        assert!(s.is_empty());
+        assert_eq!((s.failed_allocs, s.bad_frees), (0, 0));
+    }
+
+    #[test]
+    fn realloc_bad_input_leaves_the_block() {
+        let h = OwnedHeap::<u64>::new(4, 1).unwrap();
+        let heap = h.heap();
+        let p = heap.alloc(48, 0).unwrap();
+        fill(p, 48, 9);
+        let alloc_err = |e| Err(ReallocError::Alloc(e));
+        let ptr_err = |e| Err(ReallocError::Pointer(e));
+        assert_eq!(resize(&heap, p, 0, 16), alloc_err(AllocError::ZeroSize));
+        assert_eq!(
+            resize(&heap, p, 64, 48),
+            alloc_err(AllocError::BadAlignment)
+        );
+        assert_eq!(
+            resize(&heap, p, 5 * PAGE_SIZE, 16),
+            alloc_err(AllocError::TooLarge)
+        );
+        assert_eq!(
+            resize(&heap, p.wrapping_add(16), 64, 16),
+            ptr_err(FreeError::Interior)
+        );
+        let mut x = 0u64;
+        let foreign = &mut x as *mut u64 as *mut u8;
+        assert_eq!(resize(&heap, foreign, 64, 16), ptr_err(FreeError::Foreign));
+        let unused = (h.handle().data as usize + 3 * PAGE_SIZE) as *mut u8;
+        assert_eq!(
+            resize(&heap, unused, 64, 16),
+            ptr_err(FreeError::NotAllocated)
+        );
+        // A block freed since (its page still serves the class) is refused.
+        let q = heap.alloc(48, 0).unwrap();
+        heap.free(q, 0).unwrap();
+        let r = resize(&heap, q, 64, 16);
+        assert_eq!(r, ptr_err(FreeError::NotAllocated));
+        assert_eq!(
+            heap.resize_in_place(q, 64, 16),
+            Err(ReallocError::Pointer(FreeError::NotAllocated))
+        );
+        // Exhaustion: growing fails, the block stays.
+        let mut rest = Vec::new();
+        while let Ok(x) = heap.alloc(PAGE_SIZE, 0) {
+            rest.push(x);
+        }
+        assert_eq!(
+            heap.resize_in_place(p, 1000, 16),
+            Ok(Resize::Move { copy: 48 })
+        );
+        let r = resize(&heap, p, 1000, 16);
+        assert_eq!(r, alloc_err(AllocError::OutOfMemory));
+        assert!(holds(p, 48, 9), "a failed realloc keeps the contents");
+        // A null pointer allocates.
+        for x in rest {
+            heap.free(x, 0).unwrap();
+        }
+        let n = resize(&heap, core::ptr::null_mut(), 4096, 4096).unwrap();
+        assert!((n as usize).is_multiple_of(4096));
+        heap.free(n, 0).unwrap();
+        heap.free(p, 0).unwrap();
+        heap.check_invariants().unwrap();
+        let s = heap.stats();
+        assert!(s.is_empty());
+        // Zero, alignment, too large, out of memory (1000 B and the page
+        // that ended the loop); two pointers refused twice, three once.
+        assert_eq!(s.failed_allocs, 3 + 2);
+        assert_eq!(s.failed_bytes, 1000 + PAGE_SIZE as u64);
+        assert_eq!(s.bad_frees, 5);
+    }
+
+    /// A shrink that would move, on a full heap, keeps its block and
+    /// counts no failure.
+    #[test]
+    fn a_shrink_never_fails() {
+        let h = OwnedHeap::<u64>::new(1, 1).unwrap();
+        let heap = h.heap();
+        let p = heap.alloc(PAGE_SIZE, 0).unwrap();
+        fill(p, 64, 5);
+        assert_eq!(
+            heap.resize_in_place(p, 64, 16),
+            Ok(Resize::Shrink { copy: 64 })
+        );
+        let q = resize(&heap, p, 64, 16).unwrap();
+        assert_eq!(q, p);
+        assert!(holds(q, 64, 5));
+        let s = heap.stats();
+        assert_eq!((s.failed_allocs, s.failed_bytes), (0, 0));
+        heap.free(q, 0).unwrap();
+        heap.check_invariants().unwrap();
+    }
 
     /// Every class (a sample of them under Miri) and a span: alloc, fill,
     /// check, free.

@@ -3,6 +3,15 @@
 //! (request 65 B gets the 80 B class). Every class is a multiple of 16 B,
 //! so blocks are 16-byte aligned, and power-of-two classes are naturally
 //! aligned because pages are [`PAGE_SIZE`]-aligned.
+//!
+//! Alignment: block `i` of a class of size `s` starts `i * s` bytes into a
+//! [`PAGE_SIZE`]-aligned page, so every block of the class is aligned to
+//! the largest power of two dividing `s` ([`class_align`]): 16 B for 48 B,
+//! 64 B for 320 B (5 x 64), 128 B for 384 B (3 x 128), 4 KiB for 4 KiB.
+//! [`class_of_aligned`] picks the smallest class that fits a size *and*
+//! an alignment, so an aligned request never needs padding: at worst it
+//! takes the next power-of-two class. Spans are [`PAGE_SIZE`]-aligned,
+//! which bounds the alignments the heap serves ([`MAX_ALIGN`]).
 
 /// Bytes per page. Pages are the unit the heap hands to size classes.
 pub const PAGE_SIZE: usize = 64 << 10;
@@ -18,6 +27,8 @@ pub const MAX_BLOCKS_PER_PAGE: usize = PAGE_SIZE / MIN_BLOCK;
 pub const BITMAP_BYTES_PER_PAGE: usize = MAX_BLOCKS_PER_PAGE / 8;
 /// Number of size classes.
 pub const CLASS_COUNT: usize = 44;
+/// The largest alignment the heap serves: that of pages and spans.
+pub const MAX_ALIGN: usize = PAGE_SIZE;
 
 /// Block size of every class, ascending.
 pub const CLASS_SIZES: [u32; CLASS_COUNT] = build_table();
@@ -78,6 +89,43 @@ const _: () = {
     }
     assert!(class_of(0).is_none());
     assert!(class_of(MAX_CLASS_SIZE + 1).is_none());
+    // Aligned requests: at both ends of every class's range and at every
+    // alignment, the pick fits, is aligned, and no smaller class is both.
+    let mut c = 0;
+    while c < CLASS_COUNT {
+        let ends = [
+            if c == 0 {
+                1
+            } else {
+                CLASS_SIZES[c - 1] as usize + 1
+            },
+            CLASS_SIZES[c] as usize,
+        ];
+        let mut e = 0;
+        while e < 2 {
+            let size = ends[e];
+            let mut a = 1;
+            while a <= MAX_ALIGN {
+                match class_of_aligned(size, a) {
+                    Some(k) => {
+                        assert!(class_size(k) as usize >= size && class_align(k) >= a);
+                        let mut j = 0;
+                        while j < k {
+                            assert!((class_size(j) as usize) < size || class_align(j) < a);
+                            j += 1;
+                        }
+                    }
+                    None => panic!("class_of_aligned misses a class"),
+                }
+                a *= 2;
+            }
+            e += 1;
+        }
+        c += 1;
+    }
+    assert!(class_of_aligned(1, MAX_ALIGN * 2).is_none());
+    assert!(class_of_aligned(1, 24).is_none());
+    assert!(class_of_aligned(1, 0).is_none());
 };
 
 /// The smallest class whose blocks hold `size` bytes, in O(1) arithmetic;
@@ -95,6 +143,53 @@ pub const fn class_of(size: usize) -> Option<u32> {
     let step_shift = p - 2;
     let j = (size - (1 << p) + (1 << step_shift) - 1) >> step_shift; // 1..=4
     Some(4 + (p - 6) * 4 + j as u32 - 1)
+}
+
+/// Whether the heap serves alignment `align`: a power of two up to
+/// [`MAX_ALIGN`].
+#[inline(always)]
+pub const fn valid_align(align: usize) -> bool {
+    align.is_power_of_two() && align <= MAX_ALIGN
+}
+
+/// The alignment every block of `class` has: the largest power of two
+/// dividing its size, at most [`MAX_ALIGN`] (0 for `class >= CLASS_COUNT`).
+#[inline(always)]
+pub const fn class_align(class: u32) -> usize {
+    let s = class_size(class) as usize;
+    if s == 0 {
+        return 0;
+    }
+    let a = 1usize << s.trailing_zeros();
+    if a > MAX_ALIGN {
+        MAX_ALIGN
+    } else {
+        a
+    }
+}
+
+/// The smallest class whose blocks hold `size` bytes and all start at a
+/// multiple of `align`, in O(1) (at most four steps up from
+/// [`class_of`], since the power-of-two class closing each doubling is
+/// aligned to its size). `None` for size 0, for sizes over
+/// [`MAX_CLASS_SIZE`] (those take spans, which are [`MAX_ALIGN`]-aligned),
+/// and for alignments that are not powers of two or exceed [`MAX_ALIGN`].
+#[inline(always)]
+pub const fn class_of_aligned(size: usize, align: usize) -> Option<u32> {
+    if size == 0 || !valid_align(align) {
+        return None;
+    }
+    if align <= MIN_BLOCK {
+        return class_of(size);
+    }
+    // A block aligned to `align` is at least `align` bytes.
+    let Some(mut c) = class_of(if size < align { align } else { size }) else {
+        return None;
+    };
+    while class_align(c) < align && (c as usize) < CLASS_COUNT - 1 {
+        c += 1;
+    }
+    Some(c)
 }
 
 /// Block size of `class` (`class < CLASS_COUNT`, else 0).
@@ -189,6 +284,41 @@ mod tests {
                 .unwrap();
             assert_eq!(c as usize, want, "size {size}");
         }
+    }
+
+    /// Every size and alignment against a linear search of the table.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn class_of_aligned_is_smallest_aligned_fitting_class() {
+        for size in 1..=MAX_CLASS_SIZE {
+            let mut align = 1;
+            while align <= MAX_ALIGN {
+                let want = (0..CLASS_COUNT as u32)
+                    .find(|&c| class_size(c) as usize >= size && class_align(c) >= align);
+                assert_eq!(class_of_aligned(size, align), want, "{size} B at {align}");
+                align *= 2;
+            }
+        }
+    }
+
+    #[test]
+    fn class_alignments() {
+        assert_eq!(class_align(0), 16);
+        assert_eq!(class_align(class_of(48).unwrap()), 16);
+        assert_eq!(class_align(class_of(320).unwrap()), 64);
+        assert_eq!(class_align(class_of(384).unwrap()), 128);
+        assert_eq!(class_align(class_of(4096).unwrap()), 4096);
+        assert_eq!(class_align(class_of(MAX_CLASS_SIZE).unwrap()), MAX_ALIGN);
+        assert_eq!(class_align(CLASS_COUNT as u32), 0);
+        // 300 B at 64 takes the 320 B class, not the next power of two.
+        assert_eq!(class_of_aligned(300, 64), class_of(320));
+        assert_eq!(class_of_aligned(1, 4096), class_of(4096));
+        assert_eq!(class_of_aligned(0, 64), None);
+        assert_eq!(class_of_aligned(MAX_CLASS_SIZE + 1, 64), None);
+        assert_eq!(class_of_aligned(64, 3), None);
+        assert_eq!(class_of_aligned(64, 0), None);
+        assert_eq!(class_of_aligned(64, 2 * MAX_ALIGN), None);
+        assert!(valid_align(1) && valid_align(MAX_ALIGN) && !valid_align(48));
     }
 
     #[test]

@@ -9,10 +9,11 @@ use crate::sync::{AtomicU64, Ordering};
 /// Event counters kept in the heap's metadata.
 #[repr(C)]
 pub struct Counters {
-    /// Allocations that returned null / an error (size 0, too large, out of memory).
+    /// Allocations (and reallocs) that returned null / an error (size 0,
+    /// too large, a bad alignment, out of memory).
     pub failed_allocs: AtomicU64,
-    /// Frees of pointers that were not live blocks: foreign, interior,
-    /// already free (double frees), or into a free page.
+    /// Frees (and reallocs) of pointers that were not live blocks: foreign,
+    /// interior, already free (double frees), or into a free page.
     pub bad_frees: AtomicU64,
     pub pages_activated: AtomicU64,
     pub pages_retired: AtomicU64,

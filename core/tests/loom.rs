@@ -123,6 +123,30 @@ fn page_map_claims_are_exclusive() {
     });
 }
 
+/// A span growing in place (claiming the page after it, all or none, as
+/// `realloc` does) races an allocation of a run over the same pages: each
+/// page has one owner, and a failed growth leaves nothing claimed.
+#[test]
+fn span_growth_and_claims_are_exclusive() {
+    loom::model(|| {
+        // Page 0 is the span; pages 1 and 2 are free.
+        let words = Arc::new(vec![AtomicU32::new(0b001)]);
+        let other = {
+            let words = words.clone();
+            thread::spawn(move || PageMap::new(&words).claim_run(2, 3, 1))
+        };
+        let grew = PageMap::new(&words).try_claim(1, 2).is_ok();
+        let got = other.join().unwrap();
+        assert!(grew != got.is_some(), "both or neither got pages 1..3");
+        use cuheap_core::sync::Ordering;
+        assert_eq!(
+            words[0].load(Ordering::Relaxed),
+            0b111,
+            "a claim left half done"
+        );
+    });
+}
+
 /// A heap shrinking while an allocation runs: page 0 is in use, page 1
 /// free; the allocator reads the page limit (2), then claims a page
 /// below what it read; the shrinking owner takes page 1 away and unmaps

@@ -1,19 +1,44 @@
-//! Property tests against a shadow model: random alloc/free sequences
-//! (including bad frees and exhaustion) checked for alignment, overlap,
-//! data integrity, statistics and structural invariants after every step.
+//! Property tests against a shadow model: random alloc, aligned alloc,
+//! realloc and free sequences (including bad frees, bad reallocs and
+//! exhaustion) checked for alignment, overlap, data integrity (realloc
+//! keeps the contents), where realloc may and must move a block,
+//! statistics and structural invariants after every step.
 #![cfg(not(loom))]
 
 use cuheap_core::heap::Located;
-use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
-use cuheap_core::{AllocError, FreeError, OwnedHeap, Word};
+use cuheap_core::size_class::{
+    class_of, class_of_aligned, class_size, span_pages, MAX_ALIGN, MAX_CLASS_SIZE, PAGE_SIZE,
+};
+use cuheap_core::{AllocError, FreeError, Heap, OwnedHeap, ReallocError, Word};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
 #[derive(Clone, Debug)]
 enum Action {
-    Alloc { size: usize, slot: u32 },
-    Free { pick: usize },
-    FreeInterior { pick: usize },
+    Alloc {
+        size: usize,
+        slot: u32,
+    },
+    AllocAligned {
+        size: usize,
+        align: usize,
+        slot: u32,
+    },
+    Realloc {
+        pick: usize,
+        size: usize,
+        align: usize,
+    },
+    ReallocInterior {
+        pick: usize,
+    },
+    ReallocFreed,
+    Free {
+        pick: usize,
+    },
+    FreeInterior {
+        pick: usize,
+    },
     DoubleFree,
     FreeForeign,
 }
@@ -29,9 +54,24 @@ fn size() -> impl Strategy<Value = usize> {
     ]
 }
 
+/// Every power of two up to twice the page size (the last is refused),
+/// and now and then one that is not a power of two.
+fn align() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        12 => (0u32..=17).prop_map(|k| 1usize << k),
+        1 => Just(48usize),
+    ]
+}
+
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
         6 => (size(), 0u32..4).prop_map(|(size, slot)| Action::Alloc { size, slot }),
+        3 => (size(), align(), 0u32..4)
+            .prop_map(|(size, align, slot)| Action::AllocAligned { size, align, slot }),
+        4 => (any::<usize>(), size(), align())
+            .prop_map(|(pick, size, align)| Action::Realloc { pick, size, align }),
+        1 => any::<usize>().prop_map(|pick| Action::ReallocInterior { pick }),
+        1 => Just(Action::ReallocFreed),
         4 => any::<usize>().prop_map(|pick| Action::Free { pick }),
         1 => any::<usize>().prop_map(|pick| Action::FreeInterior { pick }),
         1 => Just(Action::DoubleFree),
@@ -47,6 +87,37 @@ fn footprint(size: usize) -> usize {
     }
 }
 
+/// The block the heap should pick for `size` at `align` (class blocks;
+/// spans are whole pages).
+fn best(size: usize, align: usize) -> usize {
+    match class_of_aligned(size, align) {
+        Some(c) => class_size(c) as usize,
+        None => span_pages(size) * PAGE_SIZE,
+    }
+}
+
+/// Bytes the block at `at` really owns, as the heap reports it.
+fn owned_bytes<W: Word>(heap: &Heap<'_, W>, at: usize) -> usize {
+    heap.live_block_at(at).expect("a live block").size
+}
+
+/// Checks a new block against the live ones, fills it with `tag` and
+/// records it.
+fn admit(live: &mut BTreeMap<usize, (usize, u8)>, at: usize, len: usize, tag: u8) {
+    if let Some((&s, &(l, _))) = live.range(..at + len).next_back() {
+        assert!(s + l <= at, "overlap: [{s:#x},+{l}) and [{at:#x},+{len})");
+    }
+    // SAFETY: a block of `len` bytes that the model now owns.
+    unsafe { (at as *mut u8).write_bytes(tag, len) };
+    live.insert(at, (len, tag));
+}
+
+fn holds(at: usize, len: usize, tag: u8) -> bool {
+    // SAFETY: the model's live block of at least `len` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+    bytes.iter().all(|&b| b == tag)
+}
+
 fn run<W: Word>(pages: u32, actions: Vec<Action>) {
     let owned = OwnedHeap::<W>::new(pages, 3).unwrap();
     let heap = owned.heap();
@@ -54,8 +125,117 @@ fn run<W: Word>(pages: u32, actions: Vec<Action>) {
     let mut live: BTreeMap<usize, (usize, u8)> = BTreeMap::new();
     let mut freed_once: Option<usize> = None;
     let (mut failed, mut bad) = (0u64, 0u64);
+    let heap_bytes = pages as usize * PAGE_SIZE;
     for (step, a) in actions.into_iter().enumerate() {
         match a {
+            Action::AllocAligned { size, align, slot } => {
+                match heap.alloc_aligned(size, align, slot) {
+                    Ok(p) => {
+                        let at = p as usize;
+                        assert!(at.is_multiple_of(align), "{size} B at {align}: {at:#x}");
+                        let len = owned_bytes(&heap, at);
+                        // The smallest aligned class, or a span when no
+                        // class page fits.
+                        assert!(len == best(size, align) || len == span_pages(size) * PAGE_SIZE);
+                        admit(&mut live, at, len, step as u8);
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        match e {
+                            AllocError::BadAlignment => {
+                                assert!(!align.is_power_of_two() || align > MAX_ALIGN)
+                            }
+                            AllocError::ZeroSize => assert_eq!(size, 0),
+                            AllocError::TooLarge => assert!(size > heap_bytes),
+                            AllocError::OutOfMemory => {}
+                        }
+                    }
+                }
+            }
+            Action::Realloc { pick, size, align } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let at = *live.keys().nth(pick % live.len()).unwrap();
+                let (len, tag) = live[&at];
+                let span = matches!(heap.locate(at), Ok(Located::Span { .. }));
+                let valid = align.is_power_of_two() && align <= MAX_ALIGN;
+                // SAFETY: `at` is a live block the model owns.
+                match unsafe { heap.realloc(at as *mut u8, size, align, 1) } {
+                    Ok(q) => {
+                        let q = q as usize;
+                        assert!(valid && size > 0 && size <= heap_bytes);
+                        assert!(q.is_multiple_of(align), "{size} B at {align}: {q:#x}");
+                        let fits = size <= len && at.is_multiple_of(align);
+                        if q == at {
+                            // In place: a class block keeps its size, a
+                            // span takes the pages of the new size.
+                            assert!(fits || span, "grew in place past its block");
+                        } else {
+                            assert!(heap.live_block_at(at).is_err(), "old block not freed");
+                            if !span && fits {
+                                assert!(2 * best(size, align) <= len, "moved a block that fits");
+                            }
+                            if span && size > MAX_CLASS_SIZE && span_pages(size) <= len / PAGE_SIZE
+                            {
+                                panic!("moved a span that could shrink in place");
+                            }
+                        }
+                        let (old, _) = live.remove(&at).unwrap();
+                        assert!(holds(q, old.min(size), tag), "realloc lost the contents");
+                        let new_len = owned_bytes(&heap, q);
+                        assert!(new_len >= size);
+                        if q == at && span {
+                            assert_eq!(new_len, span_pages(size) * PAGE_SIZE);
+                        } else if q == at {
+                            assert_eq!(new_len, len);
+                        }
+                        admit(&mut live, q, new_len, step as u8);
+                    }
+                    Err(ReallocError::Alloc(e)) => {
+                        failed += 1;
+                        match e {
+                            AllocError::BadAlignment => assert!(!valid),
+                            AllocError::ZeroSize => assert!(valid && size == 0),
+                            AllocError::TooLarge => assert!(size > heap_bytes),
+                            AllocError::OutOfMemory => assert!(
+                                size > len || !at.is_multiple_of(align),
+                                "a realloc that fits its block failed"
+                            ),
+                        }
+                        assert!(holds(at, len, tag), "a failed realloc changed the block");
+                    }
+                    Err(ReallocError::Pointer(e)) => panic!("live block refused: {e:?}"),
+                }
+            }
+            Action::ReallocInterior { pick } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let at = *live.keys().nth(pick % live.len()).unwrap();
+                // SAFETY: not a block's start: refused before anything is read.
+                let r = unsafe { heap.realloc((at + 8) as *mut u8, 64, 16, 0) };
+                assert_eq!(r, Err(ReallocError::Pointer(FreeError::Interior)));
+                bad += 1;
+            }
+            Action::ReallocFreed => {
+                if let Some(at) = freed_once {
+                    if !live.contains_key(&at) {
+                        // SAFETY: not a live block: refused before anything is read.
+                        let r = unsafe { heap.realloc(at as *mut u8, 64, 16, 0) };
+                        assert!(
+                            matches!(
+                                r,
+                                Err(ReallocError::Pointer(
+                                    FreeError::NotAllocated | FreeError::Interior
+                                ))
+                            ),
+                            "{r:?}"
+                        );
+                        bad += 1;
+                    }
+                }
+            }
             Action::Alloc { size, slot } => match heap.alloc(size, slot) {
                 Ok(p) => {
                     let at = p as usize;
@@ -82,6 +262,7 @@ fn run<W: Word>(pages: u32, actions: Vec<Action>) {
                         AllocError::ZeroSize => assert_eq!(size, 0),
                         AllocError::TooLarge => assert!(size > pages as usize * PAGE_SIZE),
                         AllocError::OutOfMemory => {}
+                        AllocError::BadAlignment => panic!("no alignment asked"),
                     }
                 }
             },

@@ -62,6 +62,94 @@ fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
     assert_eq!(s.bad_frees, 0);
 }
 
+/// Aligned allocations and reallocs (in place, moved, spans grown and
+/// shrunk in place) from every thread: each block is filled with its
+/// thread's id; a realloc must keep the id in the bytes it keeps, every
+/// block must have its alignment, and no block may be overwritten.
+fn stress_realloc(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
+    let owned = OwnedHeap::<u32>::new(pages, slots).unwrap();
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|sc| {
+        for t in 0..threads {
+            let owned = &owned;
+            let barrier = &barrier;
+            sc.spawn(move || {
+                let heap = owned.heap();
+                let slot = t as u32;
+                let mut rng = 0xD1B5_4A32_D192_ED03u64 ^ ((t as u64 + 1) * 0x9E37_79B9);
+                // (block, bytes filled, alignment)
+                let mut live: Vec<(*mut u8, usize, usize)> = Vec::with_capacity(32);
+                let id = (t as u8).wrapping_add(1);
+                let check = |p: *mut u8, n: usize| {
+                    // SAFETY: a live block of this thread holding `n` bytes it wrote.
+                    let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+                    assert!(bytes.iter().all(|&b| b == id), "block overwritten");
+                };
+                barrier.wait();
+                for _ in 0..ops {
+                    let r = xorshift(&mut rng);
+                    let size = 1 + (r >> 8) as usize % max_size;
+                    let align = 1usize << ((r >> 40) % 17);
+                    let n = size.min(512);
+                    match r % 4 {
+                        0 | 1 if live.len() < 32 => {
+                            if let Ok(p) = heap.alloc_aligned(size, align, slot) {
+                                assert!((p as usize).is_multiple_of(align));
+                                // SAFETY: p is a fresh block of at least `size` bytes.
+                                unsafe { p.write_bytes(id, n) };
+                                live.push((p, n, align));
+                            }
+                        }
+                        2 if !live.is_empty() => {
+                            let i = (r >> 20) as usize % live.len();
+                            let (p, had, _) = live[i];
+                            // SAFETY: p is this thread's live block.
+                            match unsafe { heap.realloc(p, size, align, slot) } {
+                                Ok(q) => {
+                                    assert!((q as usize).is_multiple_of(align));
+                                    check(q, had.min(size));
+                                    // SAFETY: q holds at least `size` bytes.
+                                    unsafe { q.write_bytes(id, n) };
+                                    live[i] = (q, n, align);
+                                }
+                                // Exhaustion: the block stays as it was.
+                                Err(_) => check(p, had),
+                            }
+                        }
+                        _ if !live.is_empty() => {
+                            let (p, had, align) = live.swap_remove((r >> 16) as usize % live.len());
+                            assert!((p as usize).is_multiple_of(align));
+                            check(p, had);
+                            heap.free(p, slot).unwrap();
+                        }
+                        _ => {}
+                    }
+                }
+                for (p, had, _) in live {
+                    check(p, had);
+                    heap.free(p, slot).unwrap();
+                }
+            });
+        }
+    });
+    let heap = owned.heap();
+    heap.check_invariants().unwrap();
+    let s = heap.stats();
+    assert!(s.is_empty(), "blocks lost: {s:?}");
+    assert_eq!(s.bad_frees, 0);
+}
+
+#[test]
+fn aligned_and_realloc_small_sizes() {
+    stress_realloc(4, 200_000, 64, 512, 2);
+}
+
+#[test]
+fn aligned_and_realloc_with_spans_and_exhaustion() {
+    // Spans grow into the pages after them while other threads claim pages.
+    stress_realloc(4, 100_000, 48, 4 * PAGE_SIZE, 4);
+}
+
 #[test]
 fn small_blocks_shared_slot() {
     // Every thread on the same slot: maximum contention on one page.

@@ -15,7 +15,7 @@ use crate::arch::{activemask, fence_gpu, global_thread, laneid, shfl};
 use crate::device_heap::{dev_alloc, dev_free};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[path = "../../src/bench/workload.rs"]
-mod workload;
+pub mod workload;
 use cuheap_core::HeapHandle;
 pub use workload::thread_size;
 

@@ -1,22 +1,14 @@
 //! The heap's C ABI for CUDA C/C++ (declared in `include/cuheap.h`):
-//! `cuheap_malloc`, `cuheap_aligned_alloc` and `cuheap_free` on the heap in
-//! the module global `cuheap_heap`, which the host writes
-//! (`DeviceHeap::install`) or a one-thread kernel sets over memory the
-//! program owns (`cuheap_meta_bytes`, `cuheap_init`); `cuheap_get_stats`.
+//! `cuheap_malloc`, `cuheap_aligned_alloc`, `cuheap_realloc` and
+//! `cuheap_free` on the module's heap (the global `cuheap_heap` of
+//! [`crate::module_heap`]), which the host writes (`DeviceHeap::install`)
+//! or a one-thread kernel sets over memory the program owns
+//! (`cuheap_meta_bytes`, `cuheap_init`); `cuheap_get_stats`.
 
-use crate::device_heap::{dev_alloc, dev_free};
+use crate::device_heap::{dev_alloc, dev_alloc_aligned, dev_free, dev_realloc};
+use crate::module_heap::{cuheap_heap, module_heap};
+use cuheap_core::size_class::MIN_BLOCK;
 use cuheap_core::{Heap, HeapHandle, Layout, PAGE_SIZE};
-
-/// The heap that `cuheap_malloc`/`cuheap_free` use; the host writes it
-/// (module global `cuheap_heap`) before launching kernels that call them.
-#[no_mangle]
-#[allow(non_upper_case_globals)]
-pub static mut cuheap_heap: HeapHandle = HeapHandle {
-    meta: 0,
-    data: 0,
-    page_count: 0,
-    slots: 0,
-};
 
 /// `void* cuheap_malloc(size_t)`: [`dev_alloc`] on the module's heap;
 /// null if the host set no heap.
@@ -27,12 +19,11 @@ pub static mut cuheap_heap: HeapHandle = HeapHandle {
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_malloc(size: usize) -> *mut u8 {
     // SAFETY: the module global is written only by the host between launches.
-    let h = unsafe { core::ptr::addr_of!(cuheap_heap).read_volatile() };
-    if h.page_count == 0 {
-        return core::ptr::null_mut();
+    match unsafe { module_heap() } {
+        // SAFETY: a nonzero handle was set by the host to a live heap.
+        Some(h) => unsafe { dev_alloc(&h, size) },
+        None => core::ptr::null_mut(),
     }
-    // SAFETY: a nonzero handle was set by the host to a live heap.
-    unsafe { dev_alloc(&h, size) }
 }
 
 /// `void cuheap_free(void*)`: [`dev_free`] on the module's heap.
@@ -43,12 +34,36 @@ pub unsafe extern "C" fn cuheap_malloc(size: usize) -> *mut u8 {
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_free(ptr: *mut u8) {
     // SAFETY: as in `cuheap_malloc`.
-    let h = unsafe { core::ptr::addr_of!(cuheap_heap).read_volatile() };
-    if h.page_count == 0 {
-        return;
+    if let Some(h) = unsafe { module_heap() } {
+        // SAFETY: as in `cuheap_malloc`.
+        unsafe { dev_free(&h, ptr) }
     }
+}
+
+/// `void* cuheap_realloc(void* ptr, size_t size)`: [`dev_realloc`] on the
+/// module's heap, at C's alignment (16 bytes). The same pointer while
+/// `size` fits the block (spans take or give back pages at their end);
+/// else a new block holding the old contents (up to `size`), the old one
+/// freed. A shrink to at most half the block moves to a smaller block if
+/// the heap has one, else stays: it never fails. Null `ptr`:
+/// [`cuheap_malloc`]. Null on failure, the old block left as it was:
+/// size 0 (the block is not freed, unlike some C libraries), sizes over
+/// the heap, exhaustion, a pointer that is not a live block's start
+/// (counted in `bad_frees`), or no heap set.
+///
+/// # Safety
+///
+/// As for [`cuheap_malloc`]; `ptr` is null, a block of this heap that the
+/// calling thread owns (nobody else uses it during the call), or an
+/// address that is not a live block's start (refused).
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_realloc(ptr: *mut u8, size: usize) -> *mut u8 {
     // SAFETY: as in `cuheap_malloc`.
-    unsafe { dev_free(&h, ptr) }
+    match unsafe { module_heap() } {
+        // SAFETY: as in `cuheap_malloc`; `ptr` as the caller guarantees.
+        Some(h) => unsafe { dev_realloc(&h, ptr, usize::MAX, size, MIN_BLOCK) },
+        None => core::ptr::null_mut(),
+    }
 }
 
 /// Bytes of zeroed metadata that a heap of `data_bytes` of block memory
@@ -120,28 +135,26 @@ pub unsafe extern "C" fn cuheap_init(
     CUHEAP_OK
 }
 
-/// `void* cuheap_aligned_alloc(size_t alignment, size_t size)`: a block
-/// aligned to `alignment`, a power of two up to 64 KiB (else null). Up to
-/// 16 bytes this is [`cuheap_malloc`]; above, a size up to 64 KiB is
-/// rounded up to a power of two at least `alignment` (blocks of
-/// power-of-two sizes are aligned to their size), which can double the
-/// block; larger sizes are spans, 64 KiB aligned, and are not rounded. Free it with [`cuheap_free`].
+/// `void* cuheap_aligned_alloc(size_t alignment, size_t size)`:
+/// [`dev_alloc_aligned`] on the module's heap: a block at a multiple of
+/// `alignment`, a power of two up to 64 KiB (the page size). The block is
+/// the smallest size class whose blocks all have that alignment (300 B at
+/// 64 takes the 320 B class), so no padding is added; sizes over 64 KiB are
+/// spans, 64 KiB aligned. Null (counted in `failed_allocs`) for other
+/// alignments, size 0, sizes over the heap and exhaustion; null with no
+/// heap set. Free it with [`cuheap_free`].
 ///
 /// # Safety
 ///
 /// As for [`cuheap_malloc`].
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_aligned_alloc(alignment: usize, size: usize) -> *mut u8 {
-    if !alignment.is_power_of_two() || alignment > PAGE_SIZE {
-        return core::ptr::null_mut();
+    // SAFETY: as in `cuheap_malloc`.
+    match unsafe { module_heap() } {
+        // SAFETY: as in `cuheap_malloc`.
+        Some(h) => unsafe { dev_alloc_aligned(&h, size, alignment) },
+        None => core::ptr::null_mut(),
     }
-    let size = if alignment <= 16 || size == 0 || size > PAGE_SIZE {
-        size
-    } else {
-        size.max(alignment).next_power_of_two()
-    };
-    // SAFETY: forwarded.
-    unsafe { cuheap_malloc(size) }
 }
 
 /// The heap's statistics as `cuheap_get_stats` fills them (all `unsigned
@@ -174,8 +187,10 @@ pub struct CuheapStats {
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_get_stats(out: *mut CuheapStats) -> i32 {
     // SAFETY: as in `cuheap_malloc`.
-    let h = unsafe { core::ptr::addr_of!(cuheap_heap).read_volatile() };
-    if h.page_count == 0 || out.is_null() {
+    let Some(h) = (unsafe { module_heap() }) else {
+        return CUHEAP_ERROR_INVALID;
+    };
+    if out.is_null() {
         return CUHEAP_ERROR_INVALID;
     }
     // SAFETY: a nonzero handle describes a live heap.

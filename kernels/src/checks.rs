@@ -1,14 +1,16 @@
 //! Kernels the GPU tests use: a launch smoke test, cross-target
-//! conformance of `cuheap-core`, whole-block fill-and-check, and a random
-//! stress of the device heap. Parameters and contracts are in
-//! `signatures.rs` ([`crate::entry`]); each body here has the contract of
-//! its line there.
+//! conformance of `cuheap-core`, whole-block fill-and-check, a random
+//! stress of the device heap, aligned allocation and realloc (through
+//! `dev_alloc_aligned`/`dev_realloc` or Rust's global allocator).
+//! Parameters and contracts are in `signatures.rs` ([`crate::entry`]);
+//! each body here has the contract of its line there.
 
 use crate::arch::global_thread;
+use crate::bench::workload::{aligned_case, realloc_case, REALLOC_STEPS};
 use crate::bench::{count, thread_size};
-use crate::device_heap::{dev_alloc, dev_free};
+use crate::device_heap::{dev_alloc, dev_alloc_aligned, dev_free, dev_realloc};
 use cuheap_core::size_class::{class_of, class_size};
-use cuheap_core::{HeapHandle, Layout, Word};
+use cuheap_core::{Heap, HeapHandle, Layout, Word};
 
 /// # Safety
 ///
@@ -262,5 +264,179 @@ pub unsafe fn check_fill(x: *mut u32, n: u32, expect: u32, value: u32, errors: *
         // SAFETY: as above.
         unsafe { p.write_volatile(value) };
         i += stride;
+    }
+}
+
+/// Writes `tag` to the first `bytes / 4` words at `p`.
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned block of at least `bytes` bytes this thread owns.
+#[inline(always)]
+unsafe fn tag_words(p: *mut u8, bytes: usize, tag: u32) {
+    for k in 0..bytes / 4 {
+        // SAFETY: word k is inside the block.
+        unsafe { (p as *mut u32).add(k).write_volatile(tag) };
+    }
+}
+
+/// Whether the first `bytes / 4` words at `p` all hold `tag`.
+///
+/// # Safety
+///
+/// As for [`tag_words`].
+#[inline(always)]
+unsafe fn has_tag(p: *const u8, bytes: usize, tag: u32) -> bool {
+    let mut ok = true;
+    for k in 0..bytes / 4 {
+        // SAFETY: word k is inside the block.
+        ok &= unsafe { (p as *const u32).add(k).read_volatile() } == tag;
+    }
+    ok
+}
+
+/// The layout of `size` bytes at `align` for the global allocator (the
+/// workloads ask for sizes from 1 byte and power-of-two alignments).
+fn layout(size: usize, align: usize) -> core::alloc::Layout {
+    core::alloc::Layout::from_size_align(size, align).unwrap_or(core::alloc::Layout::new::<u8>())
+}
+
+/// # Safety
+///
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn alloc_aligned_cuheap(
+    h: HeapHandle,
+    n: u32,
+    global: u32,
+    ptrs: *mut *mut u8,
+    errors: *mut u32,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let (size, align) = aligned_case(tid);
+    let p = if global != 0 {
+        // SAFETY: a layout of nonzero size; the module heap is set.
+        unsafe { alloc::alloc::alloc(layout(size, align)) }
+    } else {
+        // SAFETY: the caller passes a live heap.
+        unsafe { dev_alloc_aligned(&h, size, align) }
+    };
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 0) };
+    } else {
+        if !(p as usize).is_multiple_of(align) {
+            // SAFETY: forwarded from the caller.
+            unsafe { count(errors, 1) };
+        }
+        // SAFETY: a fresh block of `size` bytes, 16-byte aligned at least.
+        unsafe { tag_words(p, size, tid) };
+    }
+    // SAFETY: tid < n entries.
+    unsafe { ptrs.add(tid as usize).write(p) };
+}
+
+/// # Safety
+///
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn check_aligned(ptrs: *const *mut u8, n: u32, errors: *mut u32) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    // SAFETY: tid < n.
+    let p = unsafe { *ptrs.add(tid as usize) };
+    if p.is_null() {
+        return;
+    }
+    let (size, align) = aligned_case(tid);
+    // SAFETY: the block `alloc_aligned_cuheap` made for this thread.
+    if !(p as usize).is_multiple_of(align) || !unsafe { has_tag(p, size, tid) } {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 1) };
+    }
+}
+
+/// # Safety
+///
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn realloc_chain(h: HeapHandle, n: u32, global: u32, errors: *mut u32) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    // The allocator's size of the block (what a global `realloc` is told)
+    // and the bytes of it that hold the current tag.
+    let (mut size, align) = realloc_case(tid, 0);
+    let realloc = |p: *mut u8, size: usize, new: usize| {
+        if global != 0 {
+            // SAFETY: `p` is this thread's block of `size` bytes at `align`.
+            unsafe { alloc::alloc::realloc(p, layout(size, align), new) }
+        } else {
+            // SAFETY: the caller passes a live heap; `p` is this thread's block.
+            unsafe { dev_realloc(&h, p, size, new, align) }
+        }
+    };
+    let mut p = if global != 0 {
+        // SAFETY: a layout of nonzero size; the module heap is set.
+        unsafe { alloc::alloc::alloc(layout(size, align)) }
+    } else {
+        // SAFETY: the caller passes a live heap.
+        unsafe { dev_alloc_aligned(&h, size, align) }
+    };
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 0) };
+        return;
+    }
+    let mut filled = size;
+    // SAFETY: a fresh block of `size` bytes.
+    unsafe { tag_words(p, filled, tid) };
+    // Growing a class block to its whole size stays in place.
+    // SAFETY: the caller passes a live heap (the module's, when `global`).
+    let heap = unsafe { Heap::<u32>::from_handle(&h) };
+    if let Ok(info) = heap.live_block_at(p as usize) {
+        if info.class.is_some() {
+            let q = realloc(p, size, info.size);
+            if q != p {
+                // SAFETY: forwarded from the caller.
+                unsafe { count(errors, 1) };
+                if q.is_null() {
+                    return;
+                }
+            }
+            (p, size) = (q, info.size);
+        }
+    }
+    let mut tag = tid;
+    for step in 1..=REALLOC_STEPS {
+        let (new, _) = realloc_case(tid, step);
+        let q = realloc(p, size, new);
+        if q.is_null() {
+            // SAFETY: forwarded from the caller.
+            unsafe { count(errors, 0) };
+            break;
+        }
+        // SAFETY: `q` holds at least min(filled, new) bytes of the old block.
+        if !(q as usize).is_multiple_of(align) || !unsafe { has_tag(q, filled.min(new), tag) } {
+            // SAFETY: forwarded from the caller.
+            unsafe { count(errors, 1) };
+        }
+        tag = tid ^ (step << 24);
+        // SAFETY: `q` holds `new` bytes.
+        unsafe { tag_words(q, new, tag) };
+        (p, size, filled) = (q, new, new);
+    }
+    if global != 0 {
+        // SAFETY: this thread's block of `size` bytes at `align`.
+        unsafe { alloc::alloc::dealloc(p, layout(size, align)) };
+    } else {
+        // SAFETY: this thread's block.
+        unsafe { dev_free(&h, p) };
     }
 }

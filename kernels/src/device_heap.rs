@@ -9,11 +9,16 @@
 //! and the leader frees them with one `fetch_or` and one `fetch_add`.
 //! Sizes over the largest class (spans), zero and huge sizes take the
 //! per-thread path of `cuheap-core`.
+//!
+//! `dev_alloc_aligned` takes the same warp path with the smallest class
+//! whose blocks all have the alignment. `dev_realloc` resizes in place
+//! where the block allows (`cuheap-core` decides) and otherwise moves the
+//! block through `dev_alloc_aligned` and `dev_free`.
 
 use crate::arch::{activemask, laneid, match_any, reduce_or, shfl, smid};
-use cuheap_core::heap::Located;
-use cuheap_core::size_class::{class_of, MAX_BLOCKS_PER_PAGE};
-use cuheap_core::{Grant, Heap, HeapHandle, Word};
+use cuheap_core::heap::{copy_block, Located};
+use cuheap_core::size_class::{class_of, class_of_aligned, MAX_BLOCKS_PER_PAGE};
+use cuheap_core::{Grant, Heap, HeapHandle, Resize, Word};
 
 /// # Safety
 ///
@@ -38,8 +43,110 @@ pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
     let Some(class) = class_of(size) else {
         return heap.alloc(size, smid()).unwrap_or(core::ptr::null_mut());
     };
+    // SAFETY: the lanes here all make this call.
+    unsafe { warp_alloc(&heap, size, class) }
+}
+
+/// Allocates `size` bytes at a multiple of `align`, a power of two up to
+/// the page size (64 KiB): the smallest class whose blocks all have that
+/// alignment (no padding), through the warp path of [`dev_alloc`]; sizes
+/// over the largest class are spans, page-aligned. Null, counted in the
+/// heap's `failed_allocs`, on size 0, sizes over the heap, exhaustion and
+/// an alignment that is not a power of two or exceeds the page size.
+/// Free it with [`dev_free`].
+///
+/// # Safety
+///
+/// `h` describes a live heap; may be called from any lanes, converged or not.
+#[inline(always)]
+pub unsafe fn dev_alloc_aligned(h: &HeapHandle, size: usize, align: usize) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    let heap = unsafe { view(h) };
+    match class_of_aligned(size, align) {
+        // SAFETY: the lanes here all make this call.
+        Some(class) => unsafe { warp_alloc(&heap, size, class) },
+        None => alloc_aligned_single(&heap, size, align),
+    }
+}
+
+/// The per-thread path of [`dev_alloc_aligned`] (spans and bad input),
+/// out of line so the warp path keeps its registers.
+#[cold]
+#[inline(never)]
+fn alloc_aligned_single(heap: &Heap<'static, u32>, size: usize, align: usize) -> *mut u8 {
+    heap.alloc_aligned(size, align, smid())
+        .unwrap_or(core::ptr::null_mut())
+}
+
+/// Resizes the block at `ptr` to `new_size` bytes at a multiple of
+/// `align`, keeping its first `min(old_size, new_size)` bytes
+/// (`old_size`: the bytes the caller cares about, `usize::MAX` for the
+/// whole block). The same pointer while the new size fits the block (a
+/// span takes or gives back pages at its end); else a new block from
+/// [`dev_alloc_aligned`] with the contents copied, and the old one freed.
+/// A shrink to at most half the block moves to a smaller block when the
+/// heap has one and otherwise stays: it never fails. Null `ptr`:
+/// [`dev_alloc_aligned`]. Null on failure, with the old block left as it
+/// was: size 0, sizes over the heap, a bad alignment or exhaustion
+/// (counted in `failed_allocs`), a `ptr` that is not a live block's start
+/// (counted in `bad_frees`).
+///
+/// # Safety
+///
+/// `h` describes a live heap; `ptr` is null, a block of it that this
+/// thread owns (nobody else uses it during the call), or an address that
+/// is not a live block's start (refused). May be called from any lanes.
+#[inline(always)]
+pub unsafe fn dev_realloc(
+    h: &HeapHandle,
+    ptr: *mut u8,
+    old_size: usize,
+    new_size: usize,
+    align: usize,
+) -> *mut u8 {
+    if ptr.is_null() {
+        // SAFETY: forwarded from the caller.
+        return unsafe { dev_alloc_aligned(h, new_size, align) };
+    }
+    // SAFETY: forwarded from the caller.
+    let heap = unsafe { view(h) };
+    let (to, copy) = match heap.resize_in_place(ptr, new_size, align) {
+        Err(_) => return core::ptr::null_mut(), // counted
+        Ok(Resize::InPlace) => return ptr,
+        Ok(Resize::Move { copy }) => {
+            // SAFETY: forwarded from the caller.
+            let to = unsafe { dev_alloc_aligned(h, new_size, align) };
+            if to.is_null() {
+                return to;
+            }
+            (to, copy)
+        }
+        Ok(Resize::Shrink { copy }) => match heap.try_alloc_aligned(new_size, align, smid()) {
+            Ok(to) => (to, copy),
+            Err(_) => return ptr,
+        },
+    };
+    // SAFETY: `ptr` is this thread's live block (checked by
+    // `resize_in_place`), `to` a fresh one; `copy` is at most the old
+    // block's size and the new size, and blocks are 16-byte aligned
+    // multiples of 16 bytes.
+    unsafe { copy_block(to, ptr, copy.min(old_size)) };
+    // SAFETY: `ptr` is this thread's block, no longer used.
+    unsafe { dev_free(h, ptr) };
+    to
+}
+
+/// The warp path of [`dev_alloc`] for `size` bytes in `class`.
+///
+/// # Safety
+///
+/// Called only from `#[inline(always)]` functions, so that it is inlined
+/// at each call site and the lanes reaching its `match.any` are exactly
+/// the lanes making this call.
+#[inline(always)]
+unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, class: u32) -> *mut u8 {
     // SAFETY: `activemask()` is the lanes executing this line, and each
-    // of them makes this call next.
+    // of them makes this call next (the caller's contract).
     let peers = unsafe { match_any(activemask(), class) };
     let lane = laneid();
     let leader = peers.trailing_zeros();

@@ -144,6 +144,61 @@ signatures! {
     /// `heap` stays live until the kernel ends; `errors` points to two `u32`s.
     fn checks::stress_heap(heap: HeapHandle, n: u32, rounds: u32, seed: u32, errors: *mut u32);
 
+    /// Per thread: `(size, align)` of `aligned_case(tid)` (every power of
+    /// two from 1 B to 64 KiB), from `heap` by `dev_alloc_aligned`, or with
+    /// `global != 0` by Rust's global allocator (the module heap); fills
+    /// the block's words with `tid` and stores it in `ptrs[tid]`. Nulls go
+    /// to `errors[0]`, misaligned blocks to `errors[1]`.
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends, and with `global != 0` is
+    /// the module's heap (`DeviceHeap::install`); `ptrs` holds `n`
+    /// pointers; `errors` points to two `u32`s.
+    fn checks::alloc_aligned_cuheap(
+        heap: HeapHandle,
+        n: u32,
+        global: u32,
+        ptrs: *mut *mut u8,
+        errors: *mut u32,
+    );
+
+    /// Checks each block of `alloc_aligned_cuheap` still holds its thread
+    /// id and has its alignment; failures go to `errors[1]`.
+    ///
+    /// # Safety
+    ///
+    /// `ptrs` holds the `n` pointers `alloc_aligned_cuheap` stored, each
+    /// null or still live; `errors` points to two `u32`s.
+    fn checks::check_aligned(ptrs: *const *mut u8, n: u32, errors: *mut u32);
+
+    /// Per thread: a block of `realloc_case(tid, 0)`, grown to its whole
+    /// block (which must stay in place), then resized through the sizes of
+    /// `realloc_case(tid, 1..=REALLOC_STEPS)` by `dev_realloc` (or, with
+    /// `global != 0`, Rust's global allocator), checking after each step
+    /// that the kept bytes hold the last tag and the block its alignment,
+    /// then freed. Nulls go to `errors[0]`, lost contents, misaligned
+    /// blocks and moves that should not happen to `errors[1]`.
+    ///
+    /// # Safety
+    ///
+    /// As for `alloc_aligned_cuheap`, without `ptrs`.
+    fn checks::realloc_chain(heap: HeapHandle, n: u32, global: u32, errors: *mut u32);
+
+    /// Per thread: pushes `vec_len(tid, seed)` values `vec_value(tid, k)`
+    /// onto a `Vec<u64>` (growth by realloc), shrinks it into a `Box<[u64]>`,
+    /// spells its checksum in a `String` and reads it back; writes the
+    /// length and checksum to `out[2 * tid]` and `out[2 * tid + 1]`.
+    /// Exhaustion (fallible growth) writes `u64::MAX` as the length and
+    /// counts `errors[0]`; a wrongly spelled checksum counts `errors[1]`.
+    ///
+    /// # Safety
+    ///
+    /// The module's heap (`cuheap_heap`, `DeviceHeap::install`) is set and
+    /// stays live until the kernel ends; `out` holds `2 * n` values;
+    /// `errors` points to two `u32`s.
+    fn vecs::vec_build(n: u32, seed: u32, out: *mut u64, errors: *mut u32);
+
     /// Spins for `spin_ns` nanoseconds, then writes `value` to `x[0..n]`
     /// (grid-stride): a slow producer for cross-stream tests.
     ///

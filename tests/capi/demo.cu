@@ -5,6 +5,7 @@
 
 extern "C" __device__ void* cuheap_malloc(size_t size);
 extern "C" __device__ void cuheap_free(void* ptr);
+extern "C" __device__ void* cuheap_realloc(void* ptr, size_t size);
 
 extern "C" __global__ void capi_demo(unsigned n, unsigned* errors) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -14,5 +15,13 @@ extern "C" __global__ void capi_demo(unsigned n, unsigned* errors) {
     for (int k = 0; k < 16; k++) p[k] = i * 16 + k;
     __threadfence();
     for (int k = 0; k < 16; k++) if (p[k] != i * 16 + k) atomicAdd(&errors[1], 1u);
-    cuheap_free(p);
+    // 48 B still fit the 64 B block, and no block half its size would do:
+    // in place. 200 B do not fit: moved, contents kept.
+    if (cuheap_realloc(p, 48) != p) atomicAdd(&errors[1], 1u);
+    unsigned* q = static_cast<unsigned*>(cuheap_realloc(p, 200));
+    if (q == nullptr) { atomicAdd(&errors[0], 1u); cuheap_free(p); return; }
+    for (int k = 0; k < 16; k++) if (q[k] != i * 16 + k) atomicAdd(&errors[1], 1u);
+    // Size 0 is refused and leaves the block to free.
+    if (cuheap_realloc(q, 0) != nullptr) atomicAdd(&errors[1], 1u);
+    cuheap_free(q);
 }

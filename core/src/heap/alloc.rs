@@ -5,7 +5,9 @@
 use super::{AllocError, Heap};
 use crate::page::{decode_kind, Kind, STATE_ATTACHED, STATE_LISTED};
 use crate::page_map::PageMap;
-use crate::size_class::{blocks_per_page, class_of, page_units, CLASS_COUNT};
+use crate::size_class::{
+    blocks_per_page, class_of, class_of_aligned, page_units, valid_align, CLASS_COUNT,
+};
 use crate::stats::Counters;
 use crate::sync::{spin_hint, Ordering};
 use crate::word::Word;
@@ -49,6 +51,51 @@ impl<W: Word> Heap<'_, W> {
         }
     }
 
+    /// Allocates `size` bytes at a multiple of `align` (a power of two up
+    /// to [`MAX_ALIGN`](crate::size_class::MAX_ALIGN), the page size; 16
+    /// and below are what [`Heap::alloc`] gives anyway). The block is the
+    /// smallest class whose blocks all have that alignment, so no padding
+    /// is taken; sizes over the largest class are spans, page-aligned.
+    /// Fails, counted, on size 0, sizes over the heap, a bad alignment
+    /// ([`AllocError::BadAlignment`]) and exhaustion.
+    ///
+    /// # Time complexity
+    ///
+    /// That of [`Heap::alloc`]: picking the class is O(1).
+    pub fn alloc_aligned(
+        &self,
+        size: usize,
+        align: usize,
+        slot: u32,
+    ) -> Result<*mut u8, AllocError> {
+        self.try_alloc_aligned(size, align, slot)
+            .map_err(|e| self.count_failure(e, size))
+    }
+
+    /// [`Heap::alloc_aligned`] without counting a failure: for a caller
+    /// that has a fallback (a shrinking realloc keeps its block), so the
+    /// counters, which a growable heap grows by, see only real shortfalls.
+    pub fn try_alloc_aligned(
+        &self,
+        size: usize,
+        align: usize,
+        slot: u32,
+    ) -> Result<*mut u8, AllocError> {
+        if !valid_align(align) {
+            return Err(AllocError::BadAlignment);
+        }
+        match class_of_aligned(size, align) {
+            Some(class) => match self.reserve(class, 1, slot) {
+                Ok(mut g) => {
+                    let run = self.claim(&mut g);
+                    Ok(self.run_addr(&run, class, 0))
+                }
+                Err(_) => self.try_fallback(size, class, slot),
+            },
+            None => self.try_span(size, slot),
+        }
+    }
+
     /// After [`Heap::reserve`] failed for `class`: a class whose pages are
     /// several units long may still fit as a span of whole units (a small
     /// or fragmented heap); otherwise the failure is counted here.
@@ -63,7 +110,17 @@ impl<W: Word> Heap<'_, W> {
         if page_units(class) > 1 {
             return self.alloc_span(size, slot);
         }
-        Err(self.fail_short(size))
+        Err(self.count_failure(AllocError::OutOfMemory, size))
+    }
+
+    /// [`Heap::alloc_fallback`] without counting a failure.
+    #[cold]
+    #[inline(never)]
+    fn try_fallback(&self, size: usize, class: u32, slot: u32) -> Result<*mut u8, AllocError> {
+        if page_units(class) > 1 {
+            return self.try_span(size, slot);
+        }
+        Err(AllocError::OutOfMemory)
     }
 
     /// Reserves up to `want` (1..=4096) blocks of `class` on one page: the
@@ -252,17 +309,16 @@ impl<W: Word> Heap<'_, W> {
         Err(AllocError::OutOfMemory)
     }
 
+    /// Counts an allocation of `size` bytes that failed with `e`: every
+    /// failure in `failed_allocs`, and the bytes of those that failed for
+    /// want of memory in `failed_bytes` (the heap's shortfall; size 0,
+    /// too large and a bad alignment are not shortfalls growth could fix).
     #[cold]
-    pub(super) fn fail(&self, e: AllocError) -> AllocError {
+    pub(super) fn count_failure(&self, e: AllocError, size: usize) -> AllocError {
+        if e == AllocError::OutOfMemory {
+            Counters::bump(&self.counters.failed_bytes, size as u64);
+        }
         Counters::bump(&self.counters.failed_allocs, 1);
         e
-    }
-
-    /// Counts an allocation of `size` bytes that failed for want of memory
-    /// (the heap's shortfall).
-    #[cold]
-    pub(super) fn fail_short(&self, size: usize) -> AllocError {
-        Counters::bump(&self.counters.failed_bytes, size as u64);
-        self.fail(AllocError::OutOfMemory)
     }
 }

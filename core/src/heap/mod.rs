@@ -17,19 +17,27 @@
 //! is listed once a quarter of it is free and retired (returned to the page
 //! map, for any class or span) once all of it is.
 //!
+//! Aligned allocation picks the smallest class whose blocks all have the
+//! alignment ([`class_of_aligned`](crate::size_class::class_of_aligned)),
+//! so it takes the same paths with no padding. `realloc` keeps the block
+//! where the new size still fits it (a span grows or shrinks in place by
+//! whole pages), else allocates, copies and frees.
+//!
 //! This file holds the view ([`Heap`], [`HeapHandle`]), the errors and the
 //! accessors; `alloc` the allocation paths, `lifecycle` listing and
 //! retiring pages, `span` whole-page requests, `free` freeing and address
-//! lookup, `check` the invariant checks.
+//! lookup, `realloc` resizing, `check` the invariant checks.
 
 mod alloc;
 mod check;
 mod free;
 mod lifecycle;
+mod realloc;
 mod span;
 
 pub use alloc::{Grant, Run};
 pub use free::{BlockInfo, FreeOutcome, Located};
+pub use realloc::{copy_block, Resize};
 
 use crate::bitmap::Bitmap;
 use crate::layout::Layout;
@@ -55,13 +63,29 @@ pub struct HeapHandle {
 }
 
 /// Why an allocation returned null. Every failure is also counted in
-/// [`Counters::failed_allocs`].
+/// [`Counters::failed_allocs`] (and, for [`AllocError::OutOfMemory`], its
+/// bytes in [`Counters::failed_bytes`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocError {
     ZeroSize,
     /// Larger than the whole heap.
     TooLarge,
     OutOfMemory,
+    /// An alignment that is not a power of two or exceeds
+    /// [`MAX_ALIGN`](crate::size_class::MAX_ALIGN) (the page size).
+    BadAlignment,
+}
+
+/// Why a realloc failed. The old block is left as it was, contents
+/// included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReallocError {
+    /// No block for the new size (size 0, too large, a bad alignment, out
+    /// of memory); counted as a failed allocation.
+    Alloc(AllocError),
+    /// The pointer is not the start of a live block or span (foreign,
+    /// interior, already freed); counted in [`Counters::bad_frees`].
+    Pointer(FreeError),
 }
 
 /// Why a free was refused. Every refusal is counted in

@@ -1,4 +1,6 @@
-//! Spans: requests over the largest class take whole pages.
+//! Spans: requests over the largest class take whole pages. A span grows
+//! in place by claiming the pages after it and shrinks in place by giving
+//! its last pages back.
 
 use super::{AllocError, FreeError, FreeOutcome, Heap};
 use crate::page::{KIND_FREE, KIND_SPAN_HEAD, KIND_SPAN_TAIL};
@@ -10,12 +12,18 @@ use crate::word::Word;
 
 impl<W: Word> Heap<'_, W> {
     pub(super) fn alloc_span(&self, size: usize, slot: u32) -> Result<*mut u8, AllocError> {
+        self.try_span(size, slot)
+            .map_err(|e| self.count_failure(e, size))
+    }
+
+    /// [`Heap::alloc_span`] without counting a failure.
+    pub(super) fn try_span(&self, size: usize, slot: u32) -> Result<*mut u8, AllocError> {
         if size == 0 {
-            return Err(self.fail(AllocError::ZeroSize));
+            return Err(AllocError::ZeroSize);
         }
         let pages = span_pages(size);
         if pages > self.page_count as usize {
-            return Err(self.fail(AllocError::TooLarge));
+            return Err(AllocError::TooLarge);
         }
         let map = PageMap::new(self.page_map);
         // Each slot starts its search in its own part of the heap.
@@ -26,7 +34,7 @@ impl<W: Word> Heap<'_, W> {
             start = map.claim_run(pages as u32, limit, 0);
         }
         let Some(start) = start else {
-            return Err(self.fail_short(size));
+            return Err(AllocError::OutOfMemory);
         };
         for p in start + 1..start + pages as u32 {
             self.descs[p as usize]
@@ -67,5 +75,51 @@ impl<W: Word> Heap<'_, W> {
             freed: 1,
             already_free: 0,
         })
+    }
+
+    /// Gives back the last `have - want` pages of the span at `page`
+    /// (`1 <= want < have`, the span's length): they become free pages.
+    /// The caller owns the span.
+    ///
+    /// # Time complexity
+    ///
+    /// O(have - want).
+    pub(super) fn shrink_span(&self, page: u32, have: u32, want: u32) {
+        self.descs[page as usize]
+            .span
+            .store(want, Ordering::Release);
+        for p in page + want..page + have {
+            self.descs[p as usize]
+                .kind
+                .store(KIND_FREE, Ordering::Release);
+        }
+        PageMap::new(self.page_map).release_run(page + want, have - want);
+    }
+
+    /// Grows the span at `page` from `have` to `want` pages by claiming
+    /// the pages after it, all or none (the page map's `try_claim`, which
+    /// also keeps out fenced pages); false if any of them is in use or past
+    /// the limit. The caller owns the span.
+    ///
+    /// # Time complexity
+    ///
+    /// O(want - have).
+    pub(super) fn grow_span(&self, page: u32, have: u32, want: u32) -> bool {
+        if page as u64 + want as u64 > self.limit() as u64
+            || PageMap::new(self.page_map)
+                .try_claim(page + have, want - have)
+                .is_err()
+        {
+            return false;
+        }
+        for p in page + have..page + want {
+            self.descs[p as usize]
+                .kind
+                .store(KIND_SPAN_TAIL, Ordering::Relaxed);
+        }
+        self.descs[page as usize]
+            .span
+            .store(want, Ordering::Release);
+        true
     }
 }
