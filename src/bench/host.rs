@@ -38,11 +38,29 @@ pub struct Throughput {
     pub failures: u64,
 }
 
+/// Device memory an allocator held for a workload, against what the
+/// workload had allocated at its peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryUse {
+    pub allocator: &'static str,
+    pub case: String,
+    /// The most bytes (as requested) allocated and not yet freed at once.
+    pub peak_requested_bytes: u64,
+    /// The most device memory the allocator held during the run (the
+    /// cuheap pool: bytes mapped; `cudaMallocAsync`: its pool's reserved
+    /// high-water mark).
+    pub reserved_bytes: u64,
+    /// Failed calls and blocks whose contents were wrong: a run with any
+    /// fails.
+    pub failures: u64,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct HostReport {
     pub device: String,
     pub latency: Vec<Latency>,
     pub throughput: Vec<Throughput>,
+    pub memory: Vec<MemoryUse>,
 }
 
 /// The three allocators behind one interface: the host crate's
@@ -353,6 +371,194 @@ fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> 
     })
 }
 
+fn default_mem_pool(gpu: &Gpu) -> Result<sys::CUmemoryPool> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    gpu.context()
+        .bind_to_thread()
+        .map_err(|source| Error::Driver {
+            what: "cuCtxSetCurrent",
+            source,
+        })?;
+    // SAFETY: out-parameter for the context's device.
+    driver("cuDeviceGetDefaultMemPool", unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, gpu.context().ordinal() as i32)
+    })?;
+    Ok(pool)
+}
+
+/// Reads (with `reset`, first trims the pool and resets) the default
+/// pool's reserved high-water mark.
+fn async_reserved_high(gpu: &Gpu, reset: bool) -> Result<u64> {
+    let pool = default_mem_pool(gpu)?;
+    let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
+    let mut v = 0u64;
+    if reset {
+        // SAFETY: a live pool; nothing of it is in use between cases.
+        driver("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(pool, 0) })?;
+        // SAFETY: the attribute takes a pointer to a u64 (0 resets it).
+        driver("cuMemPoolSetAttribute", unsafe {
+            sys::cuMemPoolSetAttribute(pool, attr, &mut v as *mut u64 as *mut _)
+        })?;
+    }
+    // SAFETY: as above, read.
+    driver("cuMemPoolGetAttribute", unsafe {
+        sys::cuMemPoolGetAttribute(pool, attr, &mut v as *mut u64 as *mut _)
+    })?;
+    Ok(v)
+}
+
+/// Blocks handed between threads: `HANDOFF_THREADS` threads with their own
+/// streams allocate blocks of 256 B..4 MiB (log-uniform), fill them on
+/// their stream and hand them to the next thread (up to 16 in flight per
+/// pair), which checks their first and last bytes on its own stream and
+/// frees them there; 20,000 blocks in all. Returns the peak of requested
+/// bytes alive and the failures; the caller reads what the allocator held.
+fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
+    const THREADS: usize = 8;
+    const BLOCKS: usize = 20_000 / THREADS;
+    type Block = (u64, usize, u8);
+    let streams: Vec<Arc<CudaStream>> = (0..THREADS)
+        .map(|_| gpu.context().new_stream())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|source| Error::Driver {
+            what: "cuStreamCreate",
+            source,
+        })?;
+    let (live, peak, failed) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| std::sync::mpsc::sync_channel::<Block>(16))
+        .unzip();
+    std::thread::scope(|sc| {
+        for (t, rx) in receivers.into_iter().enumerate() {
+            let next = senders[(t + 1) % THREADS].clone();
+            let (s, live, peak, failed, ctx) = (&streams[t], &live, &peak, &failed, gpu.context());
+            sc.spawn(move || {
+                // A thread without the context fails its calls, and they are counted.
+                let _ = ctx.bind_to_thread();
+                let fail = || failed.fetch_add(1, Ordering::Relaxed);
+                // Checks and frees one received block, if there is one.
+                let take = |block: bool| -> bool {
+                    let got = if block {
+                        rx.recv().ok()
+                    } else {
+                        rx.try_recv().ok()
+                    };
+                    let Some((p, len, byte)) = got else {
+                        return false;
+                    };
+                    let n = len.min(64);
+                    let (mut head, mut tail) = ([0u8; 64], [0u8; 64]);
+                    // SAFETY: both ranges lie in the live block of `len` bytes,
+                    // whose fill finished before it was sent; the stream is
+                    // waited for before the buffers are read.
+                    let read = unsafe {
+                        result::memcpy_dtoh_async(&mut head[..n], p, s.cu_stream()).and_then(|_| {
+                            result::memcpy_dtoh_async(
+                                &mut tail[..n],
+                                p + (len - n) as u64,
+                                s.cu_stream(),
+                            )
+                        })
+                    }
+                    .and_then(|_| s.synchronize());
+                    if read.is_err() || head[..n].iter().chain(&tail[..n]).any(|&b| b != byte) {
+                        fail();
+                    }
+                    match a.deallocate(p, s) {
+                        Ok(()) => {
+                            live.fetch_sub(len as u64, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            fail();
+                        }
+                    }
+                    true
+                };
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                let mut received = 0;
+                for i in 0..BLOCKS {
+                    let u = (xorshift(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+                    let len = (256.0 * 2f64.powf(u * 14.0)) as usize;
+                    let byte = (t * 31 + i) as u8 | 1;
+                    let Ok(p) = a.allocate(len, s) else {
+                        fail();
+                        continue;
+                    };
+                    let now = live.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+                    peak.fetch_max(now, Ordering::Relaxed);
+                    // SAFETY: the block holds `len` bytes and stays live until
+                    // the receiver frees it, after this fill (waited for here).
+                    let filled = unsafe { result::memset_d8_async(p, byte, len, s.cu_stream()) }
+                        .and_then(|_| s.synchronize());
+                    if filled.is_err() {
+                        fail();
+                    }
+                    // Never block on a full channel: the next thread may be
+                    // waiting on ours.
+                    let mut item = (p, len, byte);
+                    loop {
+                        match next.try_send(item) {
+                            Ok(()) => break,
+                            Err(std::sync::mpsc::TrySendError::Full(back)) => item = back,
+                            Err(_) => return,
+                        }
+                        while take(false) {
+                            received += 1;
+                        }
+                        std::thread::yield_now();
+                    }
+                    while take(false) {
+                        received += 1;
+                    }
+                }
+                drop(next);
+                while received < BLOCKS && take(true) {
+                    received += 1;
+                }
+            });
+        }
+        drop(senders);
+    });
+    for s in &streams {
+        s.synchronize().map_err(|source| Error::Driver {
+            what: "cuStreamSynchronize",
+            source,
+        })?;
+    }
+    Ok((peak.into_inner(), failed.into_inner()))
+}
+
+/// The hand-off workload on a fresh cuheap pool (mapped in 2 MiB steps
+/// from 2 MiB) and on `cudaMallocAsync`'s default pool (trimmed first).
+fn handoff_memory(gpu: &Gpu) -> Result<Vec<MemoryUse>> {
+    let case = "hand-offs, 8 threads, 256 B..4 MiB".to_string();
+    let cfg = PoolConfig {
+        initial: 2 << 20,
+        chunk: 2 << 20,
+        ..PoolConfig::new(gpu.info().memory_bytes / 4)
+    };
+    let pool = Pool::new(gpu.context(), cfg)?;
+    let (peak, failures) = handoff(gpu, &pool)?;
+    let ours = MemoryUse {
+        allocator: pool.name(),
+        case: case.clone(),
+        peak_requested_bytes: peak,
+        reserved_bytes: pool.stats().reserved as u64,
+        failures,
+    };
+    drop(pool);
+    async_reserved_high(gpu, true)?;
+    let (peak, failures) = handoff(gpu, &Async)?;
+    let theirs = MemoryUse {
+        allocator: Async.name(),
+        case,
+        peak_requested_bytes: peak,
+        reserved_bytes: async_reserved_high(gpu, false)?,
+        failures,
+    };
+    Ok(vec![ours, theirs])
+}
+
 /// Runs the host benchmark.
 pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
     warm_async_pool(gpu)?;
@@ -395,12 +601,16 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         what: "cuStreamSynchronize",
         source,
     })?;
+    progress("memory: hand-offs between threads");
+    r.memory = handoff_memory(gpu)?;
     Ok(r)
 }
 
-/// Failed calls over the threaded cases (see [`Throughput::failures`]).
+/// Failed calls over the threaded and memory cases (see
+/// [`Throughput::failures`], [`MemoryUse::failures`]).
 pub fn failures(r: &HostReport) -> u64 {
-    r.throughput.iter().map(|t| t.failures).sum()
+    r.throughput.iter().map(|t| t.failures).sum::<u64>()
+        + r.memory.iter().map(|m| m.failures).sum::<u64>()
 }
 
 pub fn table(r: &HostReport) -> String {
@@ -430,6 +640,20 @@ pub fn table(r: &HostReport) -> String {
             t.pairs_per_s / one,
             t.failures
         );
+    }
+    if !r.memory.is_empty() {
+        out += "\n| memory case | allocator | peak requested MiB | held MiB | held / peak | failures |\n|---|---|---|---|---|---|\n";
+        for m in &r.memory {
+            out += &format!(
+                "| {} | {} | {:.1} | {:.1} | {:.2}x | {} |\n",
+                m.case,
+                m.allocator,
+                m.peak_requested_bytes as f64 / (1 << 20) as f64,
+                m.reserved_bytes as f64 / (1 << 20) as f64,
+                m.reserved_bytes as f64 / m.peak_requested_bytes.max(1) as f64,
+                m.failures
+            );
+        }
     }
     out
 }
@@ -464,4 +688,32 @@ pub fn svg(r: &HostReport) -> String {
         &series,
         &groups,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_rows_show_the_ratio_and_their_failures_fail_the_run() {
+        let mut r = HostReport {
+            device: "test".into(),
+            ..HostReport::default()
+        };
+        r.memory.push(MemoryUse {
+            allocator: "cuheap pool",
+            case: "hand-offs".into(),
+            peak_requested_bytes: 80 << 20,
+            reserved_bytes: 120 << 20,
+            failures: 0,
+        });
+        let t = table(&r);
+        assert!(
+            t.contains("| hand-offs | cuheap pool | 80.0 | 120.0 | 1.50x | 0 |"),
+            "{t}"
+        );
+        assert_eq!(failures(&r), 0);
+        r.memory[0].failures = 2;
+        assert_eq!(failures(&r), 2);
+    }
 }
