@@ -19,7 +19,7 @@ use super::Backend;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The byte new and unmapped memory is filled with.
 pub const POISON: u8 = 0xDB;
@@ -91,8 +91,9 @@ struct StreamState {
     id: usize,
     work: AtomicU64,
     /// While held, the count of work items done; `u64::MAX` when not held
-    /// (everything enqueued is done).
-    done: AtomicU64,
+    /// (everything enqueued is done). Shared with the events recorded on
+    /// the stream: work still runs after its stream is dropped.
+    done: Arc<AtomicU64>,
     waits: Mutex<Vec<Recorded>>,
 }
 
@@ -103,10 +104,11 @@ pub struct Recorded {
     pub work: u64,
 }
 
-/// An event of a [`HostBackend`]: what it recorded, and on which stream
-/// (not kept alive by the event, as a CUDA event does not keep its
-/// stream; the work of a stream no one holds any more counts as done).
-pub struct HostEvent(Mutex<Option<(Recorded, Weak<StreamState>)>>);
+/// An event of a [`HostBackend`]: what it recorded, and how far its
+/// stream's work has got (the stream itself is not kept alive, as a CUDA
+/// event does not keep its stream; its work still completes only on
+/// [`HostStream::finish`] or a host wait).
+pub struct HostEvent(Mutex<Option<(Recorded, Arc<AtomicU64>)>>);
 
 static STREAM_IDS: AtomicUsize = AtomicUsize::new(1);
 
@@ -116,7 +118,7 @@ impl HostStream {
         HostStream(Arc::new(StreamState {
             id: STREAM_IDS.fetch_add(1, Ordering::Relaxed),
             work: AtomicU64::new(0),
-            done: AtomicU64::new(u64::MAX),
+            done: Arc::new(AtomicU64::new(u64::MAX)),
             waits: Mutex::new(Vec::new()),
         }))
     }
@@ -130,19 +132,6 @@ impl HostStream {
     /// Completes all the stream's work and ends a [`hold`](Self::hold).
     pub fn finish(&self) {
         self.0.done.store(u64::MAX, Ordering::Release);
-    }
-
-    /// Whether the first `work` items enqueued are done.
-    fn is_done(&self, work: u64) -> bool {
-        work <= self.0.done.load(Ordering::Acquire)
-    }
-
-    /// Completes the first `work` items (the host waited for them).
-    fn complete(&self, work: u64) {
-        let _ = self
-            .0
-            .done
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| Some(d.max(work)));
     }
 
     pub fn id(&self) -> usize {
@@ -409,7 +398,7 @@ impl Backend for HostBackend {
             stream: stream.id(),
             work: stream.work(),
         };
-        *lock(&event.0) = Some((recorded, Arc::downgrade(&stream.0)));
+        *lock(&event.0) = Some((recorded, stream.0.done.clone()));
         self.count(|c| c.records += 1);
         Ok(())
     }
@@ -423,10 +412,9 @@ impl Backend for HostBackend {
     }
 
     fn synchronize(&self, event: &HostEvent) -> Result<()> {
-        if let Some((r, s)) = &*lock(&event.0) {
-            if let Some(s) = s.upgrade() {
-                HostStream(s).complete(r.work);
-            }
+        if let Some((r, done)) = &*lock(&event.0) {
+            // The host waited: the recorded work is done.
+            let _ = done.fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| Some(d.max(r.work)));
         }
         self.count(|c| c.event_syncs += 1);
         Ok(())
@@ -436,7 +424,7 @@ impl Backend for HostBackend {
         self.count(|c| c.queries += 1);
         Ok(lock(&event.0)
             .as_ref()
-            .is_none_or(|(r, s)| s.upgrade().is_none_or(|s| HostStream(s).is_done(r.work))))
+            .is_none_or(|(r, done)| r.work <= done.load(Ordering::Acquire)))
     }
 
     fn synchronize_device(&self) -> Result<()> {

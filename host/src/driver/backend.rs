@@ -67,7 +67,11 @@ impl Backend for CudaBackend {
     }
 
     fn is_last_handle(stream: &Arc<CudaStream>) -> bool {
-        Arc::strong_count(stream) == 1
+        // The null, legacy and per-thread streams live as long as the
+        // context, and cudarc hands out a new handle to them on each call:
+        // never let them go (`release_stream` does).
+        let raw = stream.cu_stream() as usize;
+        raw > 2 && Arc::strong_count(stream) == 1
     }
 
     fn granularity(&self) -> Result<usize> {

@@ -482,11 +482,28 @@ impl<B: Backend> Pool<B> {
             if c.bytes > 0 {
                 // No event could be recorded: wait on the host instead.
                 drop(c);
-                let _ = self.flush(&sc);
+                let flushed = self.flush(&sc);
                 c = sc.lock();
+                if flushed.is_err() {
+                    // The blocks cannot go yet: keep the cache (and its
+                    // stream) for a later sweep.
+                    drop(c);
+                    self.keep(sc);
+                    continue;
+                }
             }
             self.forget(&mut c);
         }
+    }
+
+    /// Puts back a cache that could not be forgotten.
+    fn keep(&self, sc: Arc<StreamCache<B>>) {
+        sc.released.store(false, Ordering::Release);
+        self.caches
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(sc.id)
+            .or_insert(sc);
     }
 
     /// Keeps a forgotten stream's counters and bytes in the pool's.
@@ -530,7 +547,9 @@ impl<B: Backend> Pool<B> {
             Some(p) => (p, Some(SAME)),
             None => match from_heap(self) {
                 Some(p) => (p as usize as u64, None),
-                None => match (self.reclaim(false)? > 0)
+                // A failed query is not this allocation's failure: steal or
+                // grow instead.
+                None => match (self.reclaim(false).unwrap_or(0) > 0)
                     .then(|| from_heap(self))
                     .flatten()
                 {
@@ -610,6 +629,8 @@ impl<B: Backend> Pool<B> {
         drop(c);
         if self.retire(streams, vec![ptr]).is_err() {
             // No event could be recorded: wait for the streams on the host.
+            // If that fails too the block is not known to be idle and is
+            // never reused (the device is in an error state).
             for s in streams {
                 let e = self.events.get(self.backend())?;
                 let waited = self
@@ -666,15 +687,21 @@ impl<B: Backend> Pool<B> {
             let Some((&first, rest)) = taken.split_first() else {
                 continue;
             };
+            self.report(&mut c);
             if c.dirty || c.event.is_none() {
-                let e = match c.event.take() {
-                    Some(e) => e,
-                    None => self.events.get(backend)?,
+                let e = match c.event.take().map_or_else(|| self.events.get(backend), Ok) {
+                    Ok(e) => e,
+                    Err(err) => {
+                        c.extend(key, taken);
+                        self.report(&mut c);
+                        return Err(err);
+                    }
                 };
                 let recorded = backend.record(&e, &other.stream);
                 c.event = Some(e);
                 if let Err(err) = recorded {
                     c.extend(key, taken);
+                    self.report(&mut c);
                     return Err(err);
                 }
                 c.dirty = false;
@@ -682,12 +709,28 @@ impl<B: Backend> Pool<B> {
             if let Some(e) = &c.event {
                 if let Err(err) = backend.wait(&own.stream, e) {
                     c.extend(key, taken);
+                    self.report(&mut c);
                     return Err(err);
                 }
             }
             drop(c);
             if !rest.is_empty() {
-                own.lock().extend(key, rest.to_vec());
+                let mut mine = own.lock();
+                if own.released.load(Ordering::Acquire) {
+                    // Swept or released meanwhile: the cache is forgotten,
+                    // so the blocks go back through its stream's work (which
+                    // now includes the wait on `other`).
+                    if let Err(blocks) = self.retire(&[&own.stream], rest.to_vec()) {
+                        mine.extend(key, blocks);
+                    }
+                } else {
+                    mine.extend(key, rest.to_vec());
+                    // An event recorded on our stream before this point does
+                    // not cover the wait just enqueued: the next steal from
+                    // us must record a new one.
+                    mine.dirty = true;
+                    self.report(&mut mine);
+                }
             }
             return Ok(Some(first));
         }
@@ -837,7 +880,10 @@ impl<B: Backend> Pool<B> {
             .remove(&id);
         if let Some(sc) = sc {
             sc.released.store(true, Ordering::Release);
-            self.flush(&sc)?;
+            if let Err(e) = self.flush(&sc) {
+                self.keep(sc);
+                return Err(e);
+            }
             self.forget(&mut sc.lock());
         }
         remember::<B>(self.id, None);
