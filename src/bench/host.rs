@@ -146,17 +146,7 @@ pub(crate) fn us(t: Instant) -> f64 {
 /// Raises the default pool's release threshold to the maximum (CUDA keeps
 /// freed memory instead of returning it at each synchronisation).
 pub(crate) fn warm_async_pool(gpu: &Gpu) -> Result<()> {
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    gpu.context()
-        .bind_to_thread()
-        .map_err(|source| Error::Driver {
-            what: "cuCtxSetCurrent",
-            source,
-        })?;
-    // SAFETY: out-parameter for device 0.
-    driver("cuDeviceGetDefaultMemPool", unsafe {
-        sys::cuDeviceGetDefaultMemPool(&mut pool, 0)
-    })?;
+    let pool = default_mem_pool(gpu)?;
     let mut max = u64::MAX;
     // SAFETY: the attribute takes a pointer to a u64.
     driver("cuMemPoolSetAttribute", unsafe {
@@ -239,16 +229,21 @@ fn mixed(a: &dyn Alloc, s: &Arc<CudaStream>) -> Result<Latency> {
     })
 }
 
-/// `threads` host threads, each with its own stream, alloc/free pairs of
-/// 256 B..64 KiB with up to 64 live per thread.
-fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Throughput> {
-    let streams: Vec<Arc<CudaStream>> = (0..threads)
+/// `n` new streams of the GPU's context.
+fn new_streams(gpu: &Gpu, n: usize) -> Result<Vec<Arc<CudaStream>>> {
+    (0..n)
         .map(|_| gpu.context().new_stream())
         .collect::<std::result::Result<_, _>>()
         .map_err(|source| Error::Driver {
             what: "cuStreamCreate",
             source,
-        })?;
+        })
+}
+
+/// `threads` host threads, each with its own stream, alloc/free pairs of
+/// 256 B..64 KiB with up to 64 live per thread.
+fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Throughput> {
+    let streams = new_streams(gpu, threads)?;
     let barrier = Barrier::new(threads + 1);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
     let start = std::thread::scope(|sc| {
@@ -302,17 +297,7 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
 /// Two streams with kernels in flight: allocate and fill on A, free on A,
 /// allocate the same size on B and fill, free on B. Per-iteration host time.
 fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> {
-    let (sa, sb) = (gpu.context().new_stream(), gpu.context().new_stream());
-    let (sa, sb) = (
-        sa.map_err(|source| Error::Driver {
-            what: "cuStreamCreate",
-            source,
-        })?,
-        sb.map_err(|source| Error::Driver {
-            what: "cuStreamCreate",
-            source,
-        })?,
-    );
+    let [sa, sb]: [Arc<CudaStream>; 2] = new_streams(gpu, 2)?.try_into().expect("two streams");
     let words = (1u32 << 20) / 4;
     let k = Bench::new(gpu)?;
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
@@ -371,6 +356,7 @@ fn producer_consumer(gpu: &Gpu, a: &dyn Alloc, iters: usize) -> Result<Latency> 
     })
 }
 
+/// The default memory pool of the context's device (`cudaMallocAsync`'s).
 fn default_mem_pool(gpu: &Gpu) -> Result<sys::CUmemoryPool> {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     gpu.context()
@@ -417,13 +403,7 @@ fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
     const THREADS: usize = 8;
     const BLOCKS: usize = 20_000 / THREADS;
     type Block = (u64, usize, u8);
-    let streams: Vec<Arc<CudaStream>> = (0..THREADS)
-        .map(|_| gpu.context().new_stream())
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|source| Error::Driver {
-            what: "cuStreamCreate",
-            source,
-        })?;
+    let streams = new_streams(gpu, THREADS)?;
     let (live, peak, failed) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
         .map(|_| std::sync::mpsc::sync_channel::<Block>(16))

@@ -538,29 +538,7 @@ impl<B: Backend> Pool<B> {
             _ => return Err(self.exhausted(size)),
         };
         let own = self.cache(stream);
-        // Own cache, then the heap as mapped now, then retired blocks whose
-        // work is done, then other streams' caches (a device-side wait),
-        // then idle caches and more memory.
-        let cached = own.lock().pop(key);
-        let from_heap = |pool: &Self| pool.heap().alloc(key.bytes(), thread_slot()).ok();
-        let (ptr, how) = match cached {
-            Some(p) => (p, Some(SAME)),
-            None => match from_heap(self) {
-                Some(p) => (p as usize as u64, None),
-                // A failed query is not this allocation's failure: steal or
-                // grow instead.
-                None => match (self.reclaim(false).unwrap_or(0) > 0)
-                    .then(|| from_heap(self))
-                    .flatten()
-                {
-                    Some(p) => (p as usize as u64, None),
-                    None => match self.steal(&own, key)? {
-                        Some(p) => (p, Some(CROSS)),
-                        None => (self.fresh(key)?, None),
-                    },
-                },
-            },
-        };
+        let (ptr, how) = self.find(&own, key)?;
         match self.heap().block_at(ptr as usize) {
             Ok(b) if self.live.set(&b) => {}
             // A block the heap just handed out is always found and not live.
@@ -576,6 +554,31 @@ impl<B: Backend> Pool<B> {
         }
         self.account(&own, &mut c, ALLOCS, key.bytes() as i64);
         Ok(ptr)
+    }
+
+    /// A block of `key` for `own`'s stream, and how it was reused (if it
+    /// was): its own cache, then the heap as mapped now, then retired
+    /// blocks whose work is done, then other streams' caches (a
+    /// device-side wait), then idle caches and more memory.
+    fn find(&self, own: &StreamCache<B>, key: Key) -> Result<(u64, Option<usize>)> {
+        if let Some(p) = own.lock().pop(key) {
+            return Ok((p, Some(SAME)));
+        }
+        let from_heap = || self.heap().alloc(key.bytes(), thread_slot()).ok();
+        if let Some(p) = from_heap() {
+            return Ok((p as usize as u64, None));
+        }
+        // A failed query is not this allocation's failure: steal or grow
+        // instead.
+        if self.reclaim(false).unwrap_or(0) > 0 {
+            if let Some(p) = from_heap() {
+                return Ok((p as usize as u64, None));
+            }
+        }
+        if let Some(p) = self.steal(own, key)? {
+            return Ok((p, Some(CROSS)));
+        }
+        Ok((self.fresh(key)?, None))
     }
 
     /// Frees a block on `stream`: later work on `stream` may reuse it at
@@ -632,13 +635,7 @@ impl<B: Backend> Pool<B> {
             // If that fails too the block is not known to be idle and is
             // never reused (the device is in an error state).
             for s in streams {
-                let e = self.events.get(self.backend())?;
-                let waited = self
-                    .backend()
-                    .record(&e, s)
-                    .and_then(|_| self.backend().synchronize(&e));
-                self.events.put(e);
-                waited?;
+                self.wait_on_host(s)?;
             }
             let _ = self.heap().free(ptr as usize as *mut u8, thread_slot());
         }
@@ -843,15 +840,7 @@ impl<B: Backend> Pool<B> {
             self.report(&mut c);
             blocks
         };
-        let backend = self.backend();
-        let waited = self.events.get(backend).and_then(|e| {
-            let r = backend
-                .record(&e, &sc.stream)
-                .and_then(|_| backend.synchronize(&e));
-            self.events.put(e);
-            r
-        });
-        if let Err(e) = waited {
+        if let Err(e) = self.wait_on_host(&sc.stream) {
             // Not known to be idle: the blocks stay cached on their stream,
             // and the next steal must record a new event.
             let mut c = sc.lock();
@@ -866,6 +855,18 @@ impl<B: Backend> Pool<B> {
         }
         self.bump(FLUSHES);
         Ok(())
+    }
+
+    /// Blocks the host until the work enqueued on `stream` so far is done
+    /// (a pooled event recorded there).
+    fn wait_on_host(&self, stream: &B::Stream) -> Result<()> {
+        let backend = self.backend();
+        let e = self.events.get(backend)?;
+        let waited = backend
+            .record(&e, stream)
+            .and_then(|_| backend.synchronize(&e));
+        self.events.put(e);
+        waited
     }
 
     /// Waits for `stream`, returns its cache to the heap and forgets the
