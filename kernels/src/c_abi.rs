@@ -118,6 +118,7 @@ pub unsafe extern "C" fn cuheap_init(
     let need = Layout::new(pages, slots).meta_bytes as u64;
     if meta.is_null()
         || data.is_null()
+        || !(meta as usize).is_multiple_of(16)
         || !(data as usize).is_multiple_of(PAGE_SIZE)
         || meta_bytes < need
     {
