@@ -8,7 +8,10 @@ pub mod spgemm;
 pub use cudarc;
 pub use cuheap_core as core;
 pub use cuheap_host as host;
-pub use cuheap_host::{DeviceHeap, DevicePtr, Error, Gpu, Kernel, LaunchConfig, Result, Stats};
+pub use cuheap_host::{
+    DeviceHeap, DevicePtr, Error, Gpu, GrowthService, GrowthStats, Kernel, LaunchConfig, Result,
+    Stats,
+};
 
 /// The PTX a program links: the heap and its C ABI (`cuheap_malloc`,
 /// `cuheap_aligned_alloc`, `cuheap_realloc`, `cuheap_free`, the

@@ -1,7 +1,7 @@
 //! The `cuheap` command line: device information, benchmarks, demos.
 
 use clap::{Parser, Subcommand};
-use cuheap::bench::{cpu, device, host, report};
+use cuheap::bench::{cpu, device, growth, host, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -49,7 +49,8 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
-    /// Benchmarks: `cpu` (any machine), `device` (in-kernel allocation),
+    /// Benchmarks: `cpu` (any machine), `device` (in-kernel allocation and
+    /// the heap's growth), `growth` (only the growth cases of `device`),
     /// `host` (the host pool against CUDA's allocators), or all.
     Bench {
         #[arg(value_enum, default_value = "all")]
@@ -118,6 +119,8 @@ enum Which {
     All,
     Cpu,
     Device,
+    /// Only the growth cases of `device`.
+    Growth,
     Host,
 }
 
@@ -254,7 +257,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 }
                 out.insert("cpu".into(), serde_json::to_value(&rows)?);
             }
-            if which == Which::All || which == Which::Device {
+            if matches!(which, Which::All | Which::Device | Which::Growth) {
                 let opened = match &ptx {
                     Some(path) => cuheap::open_ptx(&std::fs::read_to_string(path)?),
                     None => cuheap::open_bench_gpu(),
@@ -283,15 +286,31 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         );
                         let bar = indicatif::ProgressBar::new_spinner();
                         bar.enable_steady_tick(std::time::Duration::from_millis(200));
-                        let r = device::run(&gpu, &cfg, |step| bar.set_message(step.to_string()))?;
-                        bar.finish_and_clear();
-                        println!("## In-kernel allocation\n");
-                        println!("{}", report::device_table(&r));
-                        failures.extend(r.failures());
-                        if let Some(path) = &chart {
-                            std::fs::write(path, report::device_svg(&r))?;
+                        if which != Which::Growth {
+                            let r =
+                                device::run(&gpu, &cfg, |step| bar.set_message(step.to_string()))?;
+                            bar.suspend(|| {
+                                println!("## In-kernel allocation\n");
+                                println!("{}", report::device_table(&r));
+                            });
+                            failures.extend(r.failures());
+                            if let Some(path) = &chart {
+                                std::fs::write(path, report::device_svg(&r))?;
+                            }
+                            out.insert("device".into(), serde_json::to_value(&r)?);
                         }
-                        out.insert("device".into(), serde_json::to_value(&r)?);
+                        let g = growth::run(&gpu, cfg.reps, |step| {
+                            if bar.is_hidden() {
+                                eprintln!("{step}");
+                            }
+                            bar.set_message(step.to_string())
+                        })?;
+                        bar.finish_and_clear();
+                        println!("## Growth of the device heap\n");
+                        println!("device: {}; median of runs; CUDA events around one launch (host wall time for growth between launches)\n", gpu.info().name);
+                        println!("{}", g.table());
+                        failures.extend(g.failures());
+                        out.insert("growth".into(), serde_json::to_value(&g)?);
                     }
                     Err(e @ (cuheap::Error::NoDriver | cuheap::Error::NoDevice(_)))
                         if which == Which::All =>

@@ -26,6 +26,22 @@ pub struct Counters {
     /// size 0, not larger than the whole heap): the shortfall a growable
     /// heap grows by.
     pub failed_bytes: AtomicU64,
+    /// Growth while kernels run (see [`GrowHost`](crate::heap::GrowHost)):
+    /// the device address of the host's doorbell word; 0 while no host
+    /// serves the heap.
+    pub grow_bell: AtomicU64,
+    /// The page limit that threads which found the heap short asked for
+    /// (the largest ask). The host lowers it to the limit when it refuses.
+    pub grow_want: AtomicU64,
+    /// The largest ask rung on the doorbell so far: an ask above it still
+    /// has to be rung.
+    pub grow_rung: AtomicU64,
+    /// Requests rung on the doorbell (the tickets handed out).
+    pub grow_requests: AtomicU64,
+    /// Times the host could not grow at all (written by the host).
+    pub grow_refusals: AtomicU64,
+    /// Waits for growth that ended in the timeout (the host did not answer).
+    pub grow_timeouts: AtomicU64,
 }
 
 impl Counters {
@@ -39,6 +55,12 @@ impl Counters {
             spans_freed: AtomicU64::new(0),
             page_limit: AtomicU64::new(0),
             failed_bytes: AtomicU64::new(0),
+            grow_bell: AtomicU64::new(0),
+            grow_want: AtomicU64::new(0),
+            grow_rung: AtomicU64::new(0),
+            grow_requests: AtomicU64::new(0),
+            grow_refusals: AtomicU64::new(0),
+            grow_timeouts: AtomicU64::new(0),
         }
     }
 
@@ -80,6 +102,12 @@ pub struct Stats {
     pub bad_frees: u64,
     pub pages_activated: u64,
     pub pages_retired: u64,
+    /// Requests for growth that threads of running kernels sent the host.
+    pub grow_requests: u64,
+    /// Requests the host could not serve at all.
+    pub grow_refusals: u64,
+    /// Waits for growth that timed out.
+    pub grow_timeouts: u64,
 }
 
 impl Stats {
@@ -102,6 +130,9 @@ impl Stats {
             bad_frees: counters.bad_frees.load(Ordering::Relaxed),
             pages_activated: counters.pages_activated.load(Ordering::Relaxed),
             pages_retired: counters.pages_retired.load(Ordering::Relaxed),
+            grow_requests: counters.grow_requests.load(Ordering::Relaxed),
+            grow_refusals: counters.grow_refusals.load(Ordering::Relaxed),
+            grow_timeouts: counters.grow_timeouts.load(Ordering::Relaxed),
         };
         for d in descs {
             match decode_kind(d.kind.load(Ordering::Relaxed)) {

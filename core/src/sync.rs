@@ -120,6 +120,11 @@ pub mod gpu {
                     rmw!(o, "or", $b, $reg, self.0.get(), v)
                 }
 
+                #[inline(always)]
+                pub fn fetch_max(&self, v: $t, o: Ordering) -> $t {
+                    rmw!(o, "max", $u, $reg, self.0.get(), v)
+                }
+
                 /// CAS; the success ordering applies (PTX has one per instruction).
                 #[inline(always)]
                 pub fn compare_exchange(&self, cur: $t, new: $t, o: Ordering, _fail: Ordering) -> Result<$t, $t> {

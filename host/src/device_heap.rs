@@ -7,26 +7,24 @@
 //! address range with memory mapped behind a prefix, and
 //! [`DeviceHeap::grow`] maps more and raises the heap's usable-page limit
 //! in device memory. Kernels read that limit when they look for a fresh
-//! page, so the heap grows between launches. Growing while a kernel runs
-//! is not supported yet (see the README's limitations).
+//! page, so the heap grows between launches ([`DeviceHeap::grow`],
+//! [`DeviceHeap::reserve`], [`DeviceHeap::run_growing`]) and, while a
+//! [`GrowthService`] from [`DeviceHeap::serve`] lives, while kernels run
+//! (see [`crate::growth`]).
 
 use crate::driver::{DeviceMemory, Gpu, Param};
 use crate::error::{Context, Error, Result};
+use crate::growth::{Grower, GrowthService, GrowthStats};
 use crate::vmm::VmmRegion;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::CudaContext;
 use cuheap_core::page::PageDesc;
 use cuheap_core::{Counters, HeapHandle, Layout, Stats, PAGE_SIZE};
 use std::mem::{align_of, offset_of, size_of};
 use std::sync::Arc;
 
 enum Data {
-    Fixed {
-        _memory: DeviceMemory,
-    },
-    Growable {
-        region: VmmRegion,
-        stream: Arc<CudaStream>,
-    },
+    Fixed { _memory: DeviceMemory },
+    Growable(Arc<Grower>),
 }
 
 /// What [`DeviceHeap::run_growing`] did.
@@ -98,11 +96,11 @@ impl DeviceHeap {
             page_count: pages,
             slots,
         };
-        let stream = gpu.context().new_stream().during("cuStreamCreate")?;
+        let counters = meta.ptr() + layout.counters as u64;
         let heap = DeviceHeap {
             ctx: gpu.context().clone(),
             meta,
-            data: Data::Growable { region, stream },
+            data: Data::Growable(Grower::new(gpu.context(), region, counters)?),
             handle,
             layout,
         };
@@ -110,21 +108,50 @@ impl DeviceHeap {
         Ok(heap)
     }
 
-    /// Maps memory until `bytes` are usable and writes the new page limit
-    /// (on the heap's own non-blocking stream); launches after this call
-    /// use the new pages. Returns the usable bytes. Fixed heaps cannot grow.
+    /// Maps memory until `bytes` are usable (one mapping, whatever the
+    /// step) and writes the new page limit (on the heap's own
+    /// non-blocking stream); launches after this call use the new pages,
+    /// and so do running kernels that look for a fresh page. Returns the
+    /// usable bytes. Fixed heaps cannot grow.
     pub fn grow(&self, bytes: usize) -> Result<usize> {
-        let Data::Growable { region, stream } = &self.data else {
-            return Err(Error::InvalidArgument(
+        self.grower()?.grow(bytes)
+    }
+
+    fn grower(&self) -> Result<&Arc<Grower>> {
+        match &self.data {
+            Data::Growable(g) => Ok(g),
+            Data::Fixed { .. } => Err(Error::InvalidArgument(
                 "a fixed-size heap cannot grow; use DeviceHeap::growable".into(),
-            ));
-        };
-        let mapped = region.grow_to(bytes.min(region.reserved()))?;
-        let limit = [(mapped / PAGE_SIZE) as u64];
-        // The heap's page-limit word, written on the heap's own stream.
-        let at = self.layout.counters + std::mem::offset_of!(Counters, page_limit);
-        self.meta.write_on(at, &limit, stream)?;
-        Ok(mapped)
+            )),
+        }
+    }
+
+    /// Starts a thread that grows this heap while kernels run, until the
+    /// returned service is dropped: a kernel's thread that finds the heap
+    /// short asks for pages and waits until they are mapped (steps at
+    /// least double the heap), instead of getting null. Null still comes
+    /// when the reservation or the device is full, once the service
+    /// stopped, or after a wait of 2 s. One service per heap; a fixed heap
+    /// has none ([`Error::InvalidArgument`]).
+    pub fn serve(&self) -> Result<GrowthService<'_>> {
+        GrowthService::start(self.grower()?)
+    }
+
+    /// Why the growth service last refused to grow the heap (the
+    /// device's or the reservation's limit, or a driver error), if it did.
+    pub fn growth_refusal(&self) -> Option<String> {
+        match &self.data {
+            Data::Growable(g) => g.last_refusal(),
+            Data::Fixed { .. } => None,
+        }
+    }
+
+    /// What growth did so far (zeros for a fixed heap).
+    pub fn growth_stats(&self) -> GrowthStats {
+        match &self.data {
+            Data::Growable(g) => g.stats(),
+            Data::Fixed { .. } => GrowthStats::default(),
+        }
     }
 
     /// Makes room for `bytes` more than the heap's footprint now (pages
@@ -137,7 +164,7 @@ impl DeviceHeap {
             return Ok(self.capacity());
         }
         match &self.data {
-            Data::Growable { region, .. } if want <= region.reserved() => self.grow(want),
+            Data::Growable(g) if want <= g.region.reserved() => self.grow(want),
             _ => Err(self.short_of(want - self.capacity())),
         }
     }
@@ -177,14 +204,14 @@ impl DeviceHeap {
             if attempt + 1 == max_launches {
                 break;
             }
-            let Data::Growable { region, .. } = &self.data else {
+            let Data::Growable(g) = &self.data else {
                 return Err(self.short_of(bytes as usize));
             };
             let cap = self.capacity();
             let target = cap
                 .saturating_mul(2)
                 .max(cap.saturating_add((bytes as usize).saturating_mul(2)))
-                .min(region.reserved());
+                .min(g.region.reserved());
             if target <= cap {
                 return Err(self.short_of(bytes as usize));
             }
@@ -242,7 +269,7 @@ impl DeviceHeap {
     pub fn capacity(&self) -> usize {
         match &self.data {
             Data::Fixed { .. } => self.layout.data_bytes(),
-            Data::Growable { region, .. } => region.mapped(),
+            Data::Growable(g) => g.region.mapped(),
         }
     }
 
@@ -261,8 +288,8 @@ impl DeviceHeap {
     /// would be handed out again.
     pub unsafe fn reset(&self) -> Result<()> {
         self.meta.zero()?;
-        if let Data::Growable { .. } = &self.data {
-            self.grow(self.capacity())?;
+        if let Data::Growable(g) = &self.data {
+            g.restore()?;
         }
         Ok(())
     }

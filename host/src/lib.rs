@@ -9,8 +9,9 @@
 //!    [`kernel_table!`]), event timing. `cudarc` loads `libcuda` at run
 //!    time; [`Gpu::open`] checks for it first so a machine without a GPU
 //!    gets [`Error::NoDriver`], never a panic.
-//! 3. [`device_heap`]: [`DeviceHeap`], the memory behind the in-kernel
-//!    heap, its handle for kernels and its statistics.
+//! 3. [`device_heap`], [`growth`]: [`DeviceHeap`], the memory behind the
+//!    in-kernel heap, its handle for kernels and its statistics, and its
+//!    growth between launches and while kernels run ([`GrowthService`]).
 //! 4. [`backend`]: what the pool needs from a device, as a trait, on the
 //!    CUDA driver ([`driver::CudaBackend`]) or in host memory for tests
 //!    ([`backend::HostBackend`]).
@@ -28,6 +29,7 @@ pub mod backend;
 pub mod device_heap;
 pub mod driver;
 pub mod error;
+pub mod growth;
 pub mod reclaim;
 pub mod stream_pool;
 pub mod trace;
@@ -43,5 +45,6 @@ pub use driver::{
     LaunchConfig, LoadOptions, Module, Param,
 };
 pub use error::{Error, Result};
+pub use growth::{GrowthService, GrowthStats};
 pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};
 pub use trace::{read_trace, Logged, Resource, TraceEvent};

@@ -17,9 +17,17 @@ pub struct Region<B: Backend> {
     base: u64,
     reserved: usize,
     chunk: usize,
-    /// Invariant: chunk `i` (at `base + i * chunk`) is mapped to `mapped[i]`.
-    mapped: Mutex<Vec<B::Memory>>,
+    mapped: Mutex<Extents<B>>,
     backend: B,
+}
+
+/// The mappings of a region, in address order from its base.
+struct Extents<B: Backend> {
+    /// Invariant: extent `i`, `(len, memory)`, is mapped to `memory` at
+    /// `base` plus the lengths before it; lengths are whole chunks.
+    list: Vec<(usize, B::Memory)>,
+    /// The sum of the lengths.
+    bytes: usize,
 }
 
 impl VmmRegion {
@@ -49,7 +57,10 @@ impl<B: Backend> Region<B> {
             base,
             reserved,
             chunk,
-            mapped: Mutex::new(Vec::new()),
+            mapped: Mutex::new(Extents {
+                list: Vec::new(),
+                bytes: 0,
+            }),
             backend,
         })
     }
@@ -72,18 +83,44 @@ impl<B: Backend> Region<B> {
 
     /// Bytes with physical memory behind them (from `base`).
     pub fn mapped(&self) -> usize {
-        self.lock().len() * self.chunk
+        self.lock().bytes
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<B::Memory>> {
+    fn lock(&self) -> MutexGuard<'_, Extents<B>> {
         self.mapped.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Maps chunks until at least `bytes` are mapped. Returns the mapped
-    /// size; [`Error::OutOfMemory`] when the device or the range is full
-    /// (what was mapped before the failure stays mapped).
+    /// Maps chunks, one mapping each, until at least `bytes` are mapped:
+    /// the region can then shrink chunk by chunk. Returns the mapped size;
+    /// [`Error::OutOfMemory`] when the device or the range is full (what
+    /// was mapped before the failure stays mapped).
     pub fn grow_to(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
+        self.check_fits(bytes)?;
+        while m.bytes < bytes {
+            self.map_extent(&mut m, self.chunk)?;
+        }
+        Ok(m.bytes)
+    }
+
+    /// Maps what is missing up to `bytes` (whole chunks) as one mapping:
+    /// one `create`, one `map` and one `set_access`, whatever the size, so
+    /// a large step costs about what a chunk does. It shrinks only as a
+    /// whole. Returns the mapped size; errors as [`Region::grow_to`]
+    /// (nothing of this step stays mapped after a failure).
+    pub fn grow_at_once(&self, bytes: usize) -> Result<usize> {
+        let mut m = self.lock();
+        self.check_fits(bytes)?;
+        if m.bytes < bytes {
+            let len = (bytes - m.bytes)
+                .next_multiple_of(self.chunk)
+                .min(self.reserved - m.bytes);
+            self.map_extent(&mut m, len)?;
+        }
+        Ok(m.bytes)
+    }
+
+    fn check_fits(&self, bytes: usize) -> Result<()> {
         if bytes > self.reserved {
             return Err(Error::OutOfMemory {
                 requested: bytes,
@@ -91,47 +128,55 @@ impl<B: Backend> Region<B> {
                 free: 0,
             });
         }
-        while m.len() * self.chunk < bytes {
-            let at = self.base + (m.len() * self.chunk) as u64;
-            let memory = self.backend.create(self.chunk).map_err(|e| match e {
-                Error::OutOfMemory { requested, .. } => Error::OutOfMemory {
-                    requested,
-                    reserved: m.len() * self.chunk,
-                    free: self.backend.free_memory(),
-                },
-                e => e,
-            })?;
-            // SAFETY: `at..at + chunk` is inside the reservation and past
-            // every mapped chunk (the invariant on `mapped`).
-            unsafe { self.backend.map(at, self.chunk, &memory) }?;
-            // SAFETY: just mapped.
-            if let Err(e) = unsafe { self.backend.set_access(at, self.chunk) } {
-                // SAFETY: mapped above, used by nothing yet.
-                let _ = unsafe { self.backend.unmap(at, self.chunk) };
-                return Err(e);
-            }
-            m.push(memory);
-        }
-        Ok(m.len() * self.chunk)
+        Ok(())
     }
 
-    /// Unmaps chunks from the end until at most `bytes` stay mapped.
-    /// Returns the mapped size.
+    /// Maps `len` bytes (whole chunks) of new memory at the mapped end.
+    fn map_extent(&self, m: &mut Extents<B>, len: usize) -> Result<()> {
+        let at = self.base + m.bytes as u64;
+        let memory = self.backend.create(len).map_err(|e| match e {
+            Error::OutOfMemory { requested, .. } => Error::OutOfMemory {
+                requested,
+                reserved: m.bytes,
+                free: self.backend.free_memory(),
+            },
+            e => e,
+        })?;
+        // SAFETY: `at..at + len` is inside the reservation (callers check)
+        // and past every mapped extent (the invariant on `Extents`).
+        unsafe { self.backend.map(at, len, &memory) }?;
+        // SAFETY: just mapped.
+        if let Err(e) = unsafe { self.backend.set_access(at, len) } {
+            // SAFETY: mapped above, used by nothing yet.
+            let _ = unsafe { self.backend.unmap(at, len) };
+            return Err(e);
+        }
+        m.list.push((len, memory));
+        m.bytes += len;
+        Ok(())
+    }
+
+    /// Unmaps mappings from the end while at least `bytes` stay mapped: a
+    /// mapping that straddles `bytes` stays. Returns the mapped size.
     ///
     /// # Safety
     ///
     /// No work, queued or running, and no block handed out uses the
-    /// memory from `bytes` (rounded up to a chunk) to the mapped end.
+    /// memory from `bytes` to the mapped end.
     pub unsafe fn shrink_to(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
-        while m.len() * self.chunk > bytes {
-            let at = self.base + ((m.len() - 1) * self.chunk) as u64;
-            // SAFETY: the last chunk is one mapping (the invariant on
-            // `mapped`); the caller guarantees nothing uses it.
-            unsafe { self.backend.unmap(at, self.chunk) }?;
-            m.pop(); // releases its memory
+        while let Some(&(len, _)) = m.list.last() {
+            if m.bytes - len < bytes {
+                break;
+            }
+            let at = self.base + (m.bytes - len) as u64;
+            // SAFETY: the last extent is one mapping (the invariant on
+            // `Extents`) past `bytes`; the caller guarantees nothing uses it.
+            unsafe { self.backend.unmap(at, len) }?;
+            m.list.pop(); // releases its memory
+            m.bytes -= len;
         }
-        Ok(m.len() * self.chunk)
+        Ok(m.bytes)
     }
 }
 

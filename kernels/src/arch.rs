@@ -241,3 +241,32 @@ pub fn globaltimer() -> u64 {
     unsafe { core::arch::asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t) };
     t
 }
+
+/// Suspends the thread for about `ns` nanoseconds (`nanosleep`, at most
+/// about 1 ms), so a waiting warp leaves its SM's issue slots to others.
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    // SAFETY: only delays the thread.
+    unsafe { core::arch::asm!("nanosleep.u32 {t};", t = in(reg32) ns) };
+}
+
+/// Writes `v` to `p`, which may be host memory mapped into the device,
+/// after every earlier write of this thread is visible system-wide
+/// (`fence.sc.sys`, then a system-scope store): how a kernel tells a host
+/// thread that polls `p` that data it wrote before is ready.
+///
+/// # Safety
+///
+/// `p` is a valid, 8-byte aligned address that others access only
+/// atomically (or as volatile reads) meanwhile.
+#[inline(always)]
+pub unsafe fn store_system(p: *mut u64, v: u64) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        core::arch::asm!(
+            "fence.sc.sys;\n\tst.relaxed.sys.u64 [{p}], {v};",
+            p = in(reg64) p,
+            v = in(reg64) v,
+        )
+    };
+}

@@ -10,15 +10,65 @@
 //! Sizes over the largest class (spans), zero and huge sizes take the
 //! per-thread path of `cuheap-core`.
 //!
+//! Lanes the fast path cannot serve go on one by one (`alloc_slow`): a
+//! span, growth while the kernel runs when a host serves the heap (the
+//! thread asks for pages and sleeps until the page limit rises, bounded),
+//! else a counted null.
+//!
 //! `dev_alloc_aligned` takes the same warp path with the smallest class
 //! whose blocks all have the alignment. `dev_realloc` resizes in place
 //! where the block allows (`cuheap-core` decides) and otherwise moves the
 //! block through `dev_alloc_aligned` and `dev_free`.
 
-use crate::arch::{activemask, laneid, match_any, reduce_or, shfl, smid};
-use cuheap_core::heap::{copy_block, Located};
+use crate::arch::{
+    activemask, globaltimer, laneid, match_any, nanosleep, reduce_or, shfl, smid, store_system,
+};
+use cuheap_core::heap::{copy_block, GrowHost, Located};
 use cuheap_core::size_class::{class_of, class_of_aligned, MAX_BLOCKS_PER_PAGE};
 use cuheap_core::{Grant, Heap, HeapHandle, Resize, Word};
+
+/// The GPU's side of growth while a kernel runs (see `cuheap_core`'s
+/// `grow`): the doorbell is host memory mapped into the device, waiting
+/// threads sleep between polls of the page limit in device memory.
+struct Gpu;
+
+impl GrowHost for Gpu {
+    #[inline(always)]
+    fn ring(&self, bell: u64, ticket: u64) {
+        // SAFETY: the host publishes the device address of a live, 8-byte
+        // aligned doorbell word that it only reads.
+        unsafe { store_system(bell as *mut u64, ticket) }
+    }
+
+    #[inline(always)]
+    fn now_ns(&self) -> u64 {
+        globaltimer()
+    }
+
+    #[inline(always)]
+    fn pause(&self, round: u32) {
+        // 0.5 us doubling to 32 us: a growth step takes tens to hundreds
+        // of microseconds, and a million sleeping threads poll little.
+        nanosleep(500 << round.min(6));
+    }
+}
+
+/// An allocation the fast path could not serve: growth, the out-of-memory
+/// fallbacks and bad input, per thread and out of line.
+#[cold]
+#[inline(never)]
+fn alloc_slow(heap: &Heap<'static, u32>, size: usize, align: usize) -> *mut u8 {
+    heap.alloc_growing(size, align, smid(), &Gpu)
+        .unwrap_or(core::ptr::null_mut())
+}
+
+/// The first attempt of a per-thread allocation, then [`alloc_slow`].
+#[inline(always)]
+fn alloc_one(heap: &Heap<'static, u32>, size: usize, align: usize) -> *mut u8 {
+    // A failure is counted by `alloc_slow`, which tries once more.
+    heap.try_alloc_aligned(size, align, smid())
+        .unwrap_or_else(|_| alloc_slow(heap, size, align))
+}
 
 /// # Safety
 ///
@@ -31,7 +81,9 @@ unsafe fn view(h: &HeapHandle) -> Heap<'static, u32> {
 
 /// Allocates `size` bytes; null on size 0, on sizes over the heap, and on
 /// exhaustion (each counted in the heap's `failed_allocs`). Never traps or
-/// hangs. Blocks are 16-byte aligned, power-of-two sizes naturally aligned.
+/// hangs: on a heap that a host grows while kernels run, a thread that
+/// finds it short waits for more pages, and gets null if the host cannot
+/// add any (or after `GROW_TIMEOUT_NS`, 2 s). Blocks are 16-byte aligned, power-of-two sizes naturally aligned.
 ///
 /// # Safety
 ///
@@ -41,10 +93,10 @@ pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
     // SAFETY: forwarded from the caller.
     let heap = unsafe { view(h) };
     let Some(class) = class_of(size) else {
-        return heap.alloc(size, smid()).unwrap_or(core::ptr::null_mut());
+        return alloc_slow(&heap, size, 1);
     };
     // SAFETY: the lanes here all make this call.
-    unsafe { warp_alloc(&heap, size, class) }
+    unsafe { warp_alloc(&heap, size, 1, class) }
 }
 
 /// Allocates `size` bytes at a multiple of `align`, a power of two up to
@@ -64,18 +116,9 @@ pub unsafe fn dev_alloc_aligned(h: &HeapHandle, size: usize, align: usize) -> *m
     let heap = unsafe { view(h) };
     match class_of_aligned(size, align) {
         // SAFETY: the lanes here all make this call.
-        Some(class) => unsafe { warp_alloc(&heap, size, class) },
-        None => alloc_aligned_single(&heap, size, align),
+        Some(class) => unsafe { warp_alloc(&heap, size, align, class) },
+        None => alloc_slow(&heap, size, align),
     }
-}
-
-/// The per-thread path of [`dev_alloc_aligned`] (spans and bad input),
-/// out of line so the warp path keeps its registers.
-#[cold]
-#[inline(never)]
-fn alloc_aligned_single(heap: &Heap<'static, u32>, size: usize, align: usize) -> *mut u8 {
-    heap.alloc_aligned(size, align, smid())
-        .unwrap_or(core::ptr::null_mut())
 }
 
 /// Resizes the block at `ptr` to `new_size` bytes at a multiple of
@@ -136,7 +179,7 @@ pub unsafe fn dev_realloc(
     to
 }
 
-/// The warp path of [`dev_alloc`] for `size` bytes in `class`.
+/// The warp path of [`dev_alloc`] for `size` bytes at `align` in `class`.
 ///
 /// # Safety
 ///
@@ -144,7 +187,7 @@ pub unsafe fn dev_realloc(
 /// at each call site and the lanes reaching its `match.any` are exactly
 /// the lanes making this call.
 #[inline(always)]
-unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, class: u32) -> *mut u8 {
+unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class: u32) -> *mut u8 {
     // SAFETY: `activemask()` is the lanes executing this line, and each
     // of them makes this call next (the caller's contract).
     let peers = unsafe { match_any(activemask(), class) };
@@ -178,9 +221,14 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, class: u32) -> *mut
         // same in all of them), and `leader` is one of them.
         let mask = unsafe { shfl(peers, mask, leader) };
         if mask == 0 {
-            // No class page: the lanes not yet served try a span (classes
-            // with multi-unit pages, small heaps), else get a counted null.
+            // No class page: the lanes not yet served go on one by one,
+            // to growth when a host serves it; else the leader's search
+            // was the last word: a span for classes with multi-unit pages
+            // (small heaps), else a counted null.
             if rank >= 0 {
+                if heap.may_grow() {
+                    return alloc_slow(heap, size, align);
+                }
                 return heap
                     .alloc_fallback(size, class, slot)
                     .unwrap_or(core::ptr::null_mut());
@@ -215,7 +263,7 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, class: u32) -> *mut
 pub unsafe fn dev_alloc_single(h: &HeapHandle, size: usize) -> *mut u8 {
     // SAFETY: forwarded from the caller.
     let heap = unsafe { view(h) };
-    heap.alloc(size, smid()).unwrap_or(core::ptr::null_mut())
+    alloc_one(&heap, size, 1)
 }
 
 /// [`dev_free`] for one thread on its own (see [`dev_alloc_single`]).

@@ -53,24 +53,21 @@ pub struct Report {
 }
 
 impl Report {
-    /// One line per row with null allocations or errors: a benchmark
-    /// that has any failed, whatever its times.
+    /// One line per row with null allocations or errors.
     pub fn failures(&self) -> Vec<String> {
-        self.rows
-            .iter()
-            .filter(|r| r.nulls > 0 || r.errors > 0)
-            .map(|r| {
+        super::failed_rows(
+            &self.rows,
+            |r| (r.nulls, r.errors),
+            |r| {
                 format!(
-                    "{} {} {} x {}: {} nulls, {} errors",
+                    "{} {} {} x {}",
                     r.allocator,
                     r.shape,
                     r.threads,
-                    size_name(r.size),
-                    r.nulls,
-                    r.errors
+                    size_name(r.size)
                 )
-            })
-            .collect()
+            },
+        )
     }
 }
 
@@ -107,15 +104,26 @@ impl Default for Config {
 
 /// What every case launches with: the kernels, a pointer per thread of
 /// the largest case, the two error counters, the bump cursor.
-struct Buffers {
-    kernels: Bench,
-    ptrs: DeviceMemory,
-    errors: DeviceMemory,
+pub(super) struct Buffers {
+    pub(super) kernels: Bench,
+    pub(super) ptrs: DeviceMemory,
+    pub(super) errors: DeviceMemory,
     cursor: DeviceMemory,
 }
 
 impl Buffers {
-    fn errors(&self) -> Result<[u32; 2]> {
+    /// For cases of up to `threads` threads.
+    pub(super) fn new(gpu: &Gpu, threads: u32) -> Result<Buffers> {
+        Ok(Buffers {
+            kernels: Bench::new(gpu)?,
+            ptrs: gpu.alloc_zeroed(threads as usize * 8)?,
+            errors: gpu.alloc_zeroed(8)?,
+            cursor: gpu.alloc_zeroed(8)?,
+        })
+    }
+
+    /// `[nulls, damaged]` since the last call.
+    pub(super) fn errors(&self) -> Result<[u32; 2]> {
         let mut e = [0u32; 2];
         self.errors.read(0, &mut e)?;
         self.errors.zero()?;
@@ -139,12 +147,7 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
         .max()
         .unwrap_or(1)
         .max(cfg.large.0);
-    let bufs = Buffers {
-        kernels: Bench::new(gpu)?,
-        ptrs: gpu.alloc_zeroed(max_threads as usize * 8)?,
-        errors: gpu.alloc_zeroed(8)?,
-        cursor: gpu.alloc_zeroed(8)?,
-    };
+    let bufs = Buffers::new(gpu, max_threads)?;
     let bump = gpu.alloc_zeroed(cfg.heap_bytes)?;
     let info = gpu.info();
     let mut report = Report {

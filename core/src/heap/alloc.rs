@@ -117,7 +117,9 @@ impl<W: Word> Heap<'_, W> {
     #[cold]
     #[inline(never)]
     fn try_fallback(&self, size: usize, class: u32, slot: u32) -> Result<*mut u8, AllocError> {
-        if page_units(class) > 1 {
+        // A heap that can grow grows instead: a span of a whole unit per
+        // block would waste most of it.
+        if page_units(class) > 1 && !self.may_grow() {
             return self.try_span(size, slot);
         }
         Err(AllocError::OutOfMemory)
@@ -210,6 +212,12 @@ impl<W: Word> Heap<'_, W> {
     /// warps finding the page full takes one new page, not one each.
     #[inline(never)]
     fn install_page(&self, class: u32, slot: u32) -> Result<(), AllocError> {
+        if self.growth_pending() {
+            // The heap was found full and the host is adding pages: wait
+            // for them (`alloc_growing`) rather than queue behind one
+            // installer per slot to find it full again.
+            return Err(AllocError::OutOfMemory);
+        }
         let cache = self.slot_cache(class, slot);
         if cache
             .compare_exchange(0, INSTALLING, Ordering::AcqRel, Ordering::Relaxed)
@@ -224,6 +232,10 @@ impl<W: Word> Heap<'_, W> {
             }
             None => {
                 cache.store(0, Ordering::Release);
+                if self.may_grow() {
+                    // Growing beats a scan of every page (see `grow`).
+                    return Err(AllocError::OutOfMemory);
+                }
                 self.reserve_by_scan_or_fail(class, slot)
             }
         }
@@ -245,10 +257,17 @@ impl<W: Word> Heap<'_, W> {
                 return Some(p);
             }
         }
-        let hint = slot.wrapping_mul(0x9E37_79B9) % self.limit();
-        if let Some(p) = self.claim_units(page_units(class), hint) {
+        if self.growth_pending() {
+            return None; // the host is adding pages (see `grow`)
+        }
+        let limit = self.limit();
+        let hint = self.fresh_hint(slot, limit);
+        if let Some(p) = self.claim_units(page_units(class), hint, limit) {
             self.activate(p, class);
             return Some(p);
+        }
+        if self.may_grow() && !self.ask_for(limit, page_units(class)) {
+            return None; // another thread asked for this step first
         }
         for k in NEAR_SLOTS..self.slots {
             if let Some(p) = pop(slot.wrapping_add(k)) {
@@ -256,7 +275,7 @@ impl<W: Word> Heap<'_, W> {
             }
         }
         if self.scavenge() > 0 {
-            if let Some(p) = self.claim_units(page_units(class), 0) {
+            if let Some(p) = self.claim_units(page_units(class), 0, self.limit()) {
                 self.activate(p, class);
                 return Some(p);
             }
@@ -264,13 +283,30 @@ impl<W: Word> Heap<'_, W> {
         None
     }
 
-    /// Claims `units` free consecutive units from the page map.
-    fn claim_units(&self, units: u32, hint: u32) -> Option<u32> {
+    /// Where slot `slot` starts looking for fresh pages below `limit`:
+    /// slots spread over the heap, so their searches do not collide. A
+    /// heap that grows while kernels run spreads them over the top half,
+    /// the last step (steps at least double the heap): below it, pages
+    /// were handed out before the step, and a search that starts there
+    /// walks past them on every claim.
+    #[inline(always)]
+    fn fresh_hint(&self, slot: u32, limit: u32) -> u32 {
+        let h = slot.wrapping_mul(0x9E37_79B9);
+        if self.may_grow() {
+            let low = limit / 2;
+            low + h % (limit - low)
+        } else {
+            h % limit
+        }
+    }
+
+    /// Claims `units` free consecutive units below `limit` from the page map.
+    fn claim_units(&self, units: u32, hint: u32, limit: u32) -> Option<u32> {
         let map = PageMap::new(self.page_map);
         if units == 1 {
-            map.claim_one(hint, self.limit())
+            map.claim_one(hint, limit)
         } else {
-            map.claim_run(units, self.limit(), hint)
+            map.claim_run(units, limit, hint)
         }
     }
 
@@ -279,8 +315,12 @@ impl<W: Word> Heap<'_, W> {
     /// slots' current pages are moved to this slot's list, where the next
     /// reserve round finds them. Nothing free is ever reported as exhausted.
     #[inline(never)]
-    fn reserve_by_scan_or_fail(&self, class: u32, slot: u32) -> Result<(), AllocError> {
-        for (p, d) in self.descs.iter().enumerate() {
+    pub(super) fn reserve_by_scan_or_fail(&self, class: u32, slot: u32) -> Result<(), AllocError> {
+        // Pages past the limit were never handed out (or were given back
+        // before the limit was lowered): a growable heap's metadata covers
+        // its whole reservation, mostly unmapped.
+        let pages = &self.descs[..self.limit() as usize];
+        for (p, d) in pages.iter().enumerate() {
             let p = p as u32;
             if d.kind.load(Ordering::Acquire) != class + 1 || d.now().free <= 0 {
                 continue;

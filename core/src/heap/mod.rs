@@ -24,19 +24,21 @@
 //! whole pages), else allocates, copies and frees.
 //!
 //! This file holds the view ([`Heap`], [`HeapHandle`]), the errors and the
-//! accessors; `alloc` the allocation paths, `lifecycle` listing and
-//! retiring pages, `span` whole-page requests, `free` freeing and address
+//! accessors; `alloc` the allocation paths, `grow` growth while kernels
+//! run, `lifecycle` listing and retiring pages, `span` whole-page requests, `free` freeing and address
 //! lookup, `realloc` resizing, `check` the invariant checks.
 
 mod alloc;
 mod check;
 mod free;
+mod grow;
 mod lifecycle;
 mod realloc;
 mod span;
 
 pub use alloc::{Grant, Run};
 pub use free::{BlockInfo, FreeOutcome, Located};
+pub use grow::{GrowHost, GROW_TIMEOUT_NS};
 pub use realloc::{copy_block, Resize};
 
 use crate::bitmap::Bitmap;

@@ -30,7 +30,8 @@ impl<W: Word> Heap<'_, W> {
         let limit = self.limit();
         let hint = (slot % self.slots) as u64 * limit as u64 / self.slots as u64;
         let mut start = map.claim_run(pages as u32, limit, hint as u32);
-        if start.is_none() && self.scavenge() > 0 {
+        let asked_first = || !self.may_grow() || self.ask_for(limit, pages as u32);
+        if start.is_none() && asked_first() && self.scavenge() > 0 {
             start = map.claim_run(pages as u32, limit, 0);
         }
         let Some(start) = start else {

@@ -1,0 +1,177 @@
+//! Growth while allocating: host threads stand in for a kernel's threads
+//! and one more thread for the host service that raises the page limit
+//! (the GPU does the same on `cuheap-host`'s service). Blocks are filled
+//! and checked, so an overlap or a page handed out twice shows.
+#![cfg(not(loom))]
+
+use cuheap_core::heap::{GrowHost, GROW_TIMEOUT_NS};
+use cuheap_core::size_class::PAGE_SIZE;
+use cuheap_core::{AllocError, Heap, OwnedHeap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::Instant;
+
+/// The CPU side of the protocol: the doorbell is an `AtomicU64`.
+struct Cpu {
+    start: Instant,
+}
+
+impl GrowHost for Cpu {
+    fn ring(&self, bell: u64, ticket: u64) {
+        // SAFETY: the tests publish the address of a live `AtomicU64`.
+        unsafe { &*(bell as usize as *const AtomicU64) }.store(ticket, Ordering::SeqCst);
+    }
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+    fn pause(&self, _round: u32) {
+        std::thread::yield_now();
+    }
+}
+
+/// A host service: answers each ring by raising the limit to the ask (at
+/// least doubling it), up to `cap` pages; refuses past that.
+struct Service<'a> {
+    bell: &'a AtomicU64,
+    stop: &'a AtomicBool,
+    cap: u32,
+}
+
+impl Service<'_> {
+    fn run(&self, heap: &Heap<'_, u64>) -> u32 {
+        let c = heap.counters();
+        let (mut seen, mut grown) = (0, 0);
+        while !self.stop.load(Ordering::Acquire) {
+            let t = self.bell.load(Ordering::SeqCst);
+            if t == seen {
+                std::thread::yield_now();
+                continue;
+            }
+            seen = t;
+            let want = c.grow_want.load(Ordering::SeqCst);
+            let limit = heap.limit() as u64;
+            if want <= limit {
+                continue;
+            }
+            if limit >= self.cap as u64 {
+                c.grow_want.store(limit, Ordering::SeqCst);
+                c.grow_rung.store(limit, Ordering::SeqCst);
+                c.grow_refusals.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            let to = want.max(limit * 2).min(self.cap as u64);
+            heap.set_limit(to as u32);
+            grown += 1;
+        }
+        grown
+    }
+}
+
+/// `threads` threads each allocate `per_thread` blocks of mixed sizes
+/// (spans included) on a heap that starts at 4 pages and may grow to
+/// `cap`. Returns (blocks allocated, failures, growth steps, requests).
+fn run(threads: usize, per_thread: usize, cap: u32) -> (usize, u64, u32, u64) {
+    let owned = OwnedHeap::<u64>::new(1024, 8).unwrap();
+    let heap = owned.heap();
+    heap.set_limit(4);
+    let bell = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    heap.counters()
+        .grow_bell
+        .store(&bell as *const AtomicU64 as u64, Ordering::SeqCst);
+    let barrier = Barrier::new(threads);
+    let service = Service {
+        bell: &bell,
+        stop: &stop,
+        cap,
+    };
+    let (got, steps) = std::thread::scope(|sc| {
+        let svc = sc.spawn(|| service.run(&owned.heap()));
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (owned, barrier) = (&owned, &barrier);
+                sc.spawn(move || {
+                    let heap = owned.heap();
+                    let host = Cpu {
+                        start: Instant::now(),
+                    };
+                    let id = t as u8 + 1;
+                    let mut live = Vec::new();
+                    barrier.wait();
+                    for i in 0..per_thread {
+                        let size = match i % 50 {
+                            49 => PAGE_SIZE + 100, // a two-page span
+                            k => 16 << (k % 6 + t % 3),
+                        };
+                        if let Ok(p) = heap.alloc_growing(size, 16, t as u32, &host) {
+                            let n = size.min(512);
+                            // SAFETY: a fresh block of at least `size` bytes.
+                            unsafe { p.write_bytes(id, n) };
+                            live.push((p as usize, n));
+                        }
+                    }
+                    for &(p, n) in &live {
+                        // SAFETY: this thread's live block, filled above.
+                        let b = unsafe { std::slice::from_raw_parts(p as *const u8, n) };
+                        assert!(b.iter().all(|&x| x == id), "block {p:#x} overwritten");
+                    }
+                    live
+                })
+            })
+            .collect();
+        let live: Vec<_> = workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        stop.store(true, Ordering::Release);
+        (live, svc.join().unwrap())
+    });
+    let s = heap.stats();
+    assert_eq!(s.failed_allocs as usize, threads * per_thread - got.len());
+    for (p, _) in &got {
+        heap.free(*p as *mut u8, 0).unwrap();
+    }
+    heap.check_invariants().unwrap();
+    assert!(heap.stats().is_empty());
+    (got.len(), s.failed_allocs, steps, s.grow_requests)
+}
+
+#[test]
+fn threads_grow_the_heap_from_4_pages_and_every_block_checks() {
+    let (got, failed, steps, requests) = run(8, 2000, 1024);
+    assert_eq!((got, failed), (16_000, 0));
+    // Geometric steps: 4 pages to what 16,000 blocks need in a few steps,
+    // and about one request per step, not one per thread.
+    assert!((3..=10).contains(&steps), "{steps} steps");
+    assert!(requests <= 4 * steps as u64 + 16, "{requests} requests");
+}
+
+#[test]
+fn a_refusing_host_fails_the_rest_counted_and_nothing_hangs() {
+    let start = Instant::now();
+    let (got, failed, _, _) = run(8, 2000, 64);
+    assert!(got > 0 && failed > 0, "{got} blocks, {failed} failed");
+    // A refusal answers at once: nobody waited for the timeout.
+    assert!(start.elapsed().as_nanos() < GROW_TIMEOUT_NS as u128);
+}
+
+#[test]
+fn without_a_service_a_short_heap_fails_at_once() {
+    let owned = OwnedHeap::<u64>::new(64, 1).unwrap();
+    let heap = owned.heap();
+    heap.set_limit(1);
+    let host = Cpu {
+        start: Instant::now(),
+    };
+    let a = heap.alloc_growing(PAGE_SIZE, 16, 0, &host).unwrap();
+    assert_eq!(
+        heap.alloc_growing(PAGE_SIZE, 16, 0, &host),
+        Err(AllocError::OutOfMemory)
+    );
+    let s = heap.stats();
+    assert_eq!(
+        (s.failed_allocs, s.failed_bytes, s.grow_requests),
+        (1, PAGE_SIZE as u64, 0)
+    );
+    heap.free(a, 0).unwrap();
+}

@@ -1,0 +1,252 @@
+//! Growth of the device heap, part of `cuheap bench device`:
+//!
+//! - between launches: [`DeviceHeap::grow`] by 1 GiB and 4 GiB, host
+//!   wall time per GiB, beside `cuMemAlloc` of the same size;
+//! - during a launch: 1M threads each allocate and keep 1 KiB (1 GiB
+//!   live), on a heap that starts at 64 MiB with a growth service, on a
+//!   growable heap mapped big enough beforehand and on a fixed heap:
+//!   CUDA events around the launch, every block filled and checked
+//!   afterwards (untimed);
+//! - what the machinery costs when no growth is needed: the pair kernel
+//!   at 1M x 16 B on a served growable heap against a fixed heap, runs
+//!   interleaved.
+
+use super::device::{fill_and_check, Buffers};
+use super::median;
+use crate::{DeviceHeap, Gpu, LaunchConfig, Result};
+use serde::Serialize;
+use std::time::Instant;
+
+/// One measured row.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub case: &'static str,
+    pub allocator: String,
+    pub median_ms: f64,
+    pub runs: usize,
+    /// Growth steps taken while the kernel ran (median run).
+    pub live_steps: u64,
+    /// Heap capacity at the end, bytes.
+    pub capacity: usize,
+    pub nulls: u32,
+    pub errors: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    /// One line per row with null allocations or errors.
+    pub fn failures(&self) -> Vec<String> {
+        super::failed_rows(
+            &self.rows,
+            |r| (r.nulls, r.errors),
+            |r| format!("growth {} / {}", r.case, r.allocator),
+        )
+    }
+
+    pub fn table(&self) -> String {
+        let mut out = String::from(
+            "| case | allocator | median ms | runs | growth steps in the launch | capacity at the end | nulls | errors |\n|---|---|---|---|---|---|---|---|\n",
+        );
+        for r in &self.rows {
+            out += &format!(
+                "| {} | {} | {:.3} | {} | {} | {} MiB | {} | {} |\n",
+                r.case,
+                r.allocator,
+                r.median_ms,
+                r.runs,
+                r.live_steps,
+                r.capacity >> 20,
+                r.nulls,
+                r.errors
+            );
+        }
+        out
+    }
+}
+
+const KEEP_THREADS: u32 = 1 << 20;
+const KEEP_SIZE: u32 = 1024;
+const START: usize = 64 << 20;
+/// Address space of the growable heaps: room for 1 GiB of 1 KiB blocks
+/// and steps that double.
+const RESERVE: usize = 4 << 30;
+
+/// Runs every growth case `reps` times. CUDA's device malloc, whose heap
+/// cannot grow, is measured in the in-kernel table of the same run (at
+/// 1M x 1 KiB one pair run takes seconds).
+pub fn run(gpu: &Gpu, reps: usize, mut progress: impl FnMut(&str)) -> Result<Report> {
+    let b = Buffers::new(gpu, KEEP_THREADS)?;
+    let mut report = Report::default();
+    progress("growth between launches");
+    between_launches(gpu, reps, &mut report)?;
+    during_launch(gpu, &b, reps, &mut report, &mut progress)?;
+    progress("growth machinery, no growth needed");
+    no_growth_needed(gpu, &b, reps, &mut report)?;
+    Ok(report)
+}
+
+fn row(case: &'static str, allocator: String, mut ms: Vec<f64>, capacity: usize) -> Row {
+    Row {
+        case,
+        allocator,
+        runs: ms.len(),
+        median_ms: median(&mut ms),
+        live_steps: 0,
+        capacity,
+        nulls: 0,
+        errors: 0,
+    }
+}
+
+/// Host wall time of `DeviceHeap::grow` by 1 and 4 GiB on a fresh heap
+/// (mapping and publishing the limit), per GiB, and of `cuMemAlloc` of
+/// the same bytes.
+fn between_launches(gpu: &Gpu, reps: usize, report: &mut Report) -> Result<()> {
+    for gib in [1usize, 4] {
+        let (mut grow, mut malloc) = (Vec::new(), Vec::new());
+        let mut cap = 0;
+        for _ in 0..reps {
+            let h = DeviceHeap::growable(gpu, START, START + (gib << 30))?;
+            let t = Instant::now();
+            cap = h.grow(START + (gib << 30))?;
+            grow.push(t.elapsed().as_secs_f64() * 1e3 / gib as f64);
+            drop(h);
+            let t = Instant::now();
+            let m = gpu.alloc(gib << 30)?;
+            malloc.push(t.elapsed().as_secs_f64() * 1e3 / gib as f64);
+            drop(m);
+        }
+        let case = if gib == 1 {
+            "grow by 1 GiB between launches, ms per GiB"
+        } else {
+            "grow by 4 GiB between launches, ms per GiB"
+        };
+        report
+            .rows
+            .push(row(case, "cuheap DeviceHeap::grow".into(), grow, cap));
+        report.rows.push(row(
+            case,
+            "cudaMalloc (cuMemAlloc)".into(),
+            malloc,
+            gib << 30,
+        ));
+    }
+    Ok(())
+}
+
+/// 1M threads keep 1 KiB each: growing from 64 MiB during the launch,
+/// against heaps that are big enough from the start and CUDA malloc.
+fn during_launch(
+    gpu: &Gpu,
+    b: &Buffers,
+    reps: usize,
+    report: &mut Report,
+    progress: &mut impl FnMut(&str),
+) -> Result<()> {
+    let n = KEEP_THREADS;
+    let cfg = LaunchConfig::for_threads(n);
+    let case = "1M threads keep 1 KiB each (1 GiB live), one launch";
+    let need = 2 << 30;
+    // (name, bytes mapped at the start, growable, served)
+    let heaps = [
+        (
+            "cuheap, growing from 64 MiB while the kernel runs",
+            START,
+            true,
+            true,
+        ),
+        (
+            "cuheap, growable heap mapped to 2 GiB before",
+            need,
+            true,
+            false,
+        ),
+        ("cuheap, fixed 2 GiB heap", need, false, false),
+    ];
+    for (name, start, growable, serve) in heaps {
+        progress(name);
+        let (mut ms, mut steps, mut errs, mut cap) = (Vec::new(), Vec::new(), [0u32; 2], 0);
+        for rep in 0..=reps {
+            let h = if growable {
+                DeviceHeap::growable(gpu, start, RESERVE)?
+            } else {
+                DeviceHeap::new(gpu, start)?
+            };
+            let svc = if serve { Some(h.serve()?) } else { None };
+            b.ptrs.zero()?;
+            let before = h.growth_stats().live_steps;
+            // SAFETY: `b.ptrs` holds n pointers and `b.errors` two u32s;
+            // the heap and both buffers outlive the launch, which
+            // `gpu.time` waits for.
+            let t = gpu.time(|| unsafe {
+                b.kernels
+                    .alloc_cuheap(&cfg, &h, n, KEEP_SIZE, b.ptrs.as_ptr(), b.errors.as_ptr())
+            })?;
+            let after = h.growth_stats().live_steps;
+            drop(svc);
+            // SAFETY: `b.ptrs` holds the blocks the launch just made.
+            unsafe { fill_and_check(&b.kernels, &b.ptrs, &b.errors, n, KEEP_SIZE, true)? };
+            gpu.sync()?;
+            let e = b.errors()?;
+            let st = h.stats()?;
+            let blocks = st.blocks() + st.spans;
+            errs[0] += e[0];
+            errs[1] += e[1] + u32::from(blocks != n as u64);
+            if rep > 0 {
+                ms.push(t as f64);
+                steps.push((after - before) as f64);
+            }
+            cap = h.capacity();
+        }
+        let mut r = row(case, name.into(), ms, cap);
+        r.live_steps = median(&mut steps) as u64;
+        (r.nulls, r.errors) = (errs[0], errs[1]);
+        report.rows.push(r);
+    }
+    Ok(())
+}
+
+/// The pair kernel at 1M x 16 B on a fixed heap and on a growable heap
+/// with a service running (memory enough from the start), interleaved.
+fn no_growth_needed(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) -> Result<()> {
+    let (n, size) = (1u32 << 20, 16u32);
+    let cfg = LaunchConfig::for_threads(n);
+    let fixed = DeviceHeap::new(gpu, 1 << 30)?;
+    let growable = DeviceHeap::growable(gpu, 1 << 30, RESERVE)?;
+    let svc = growable.serve()?;
+    let heaps = [&fixed, &growable];
+    let mut ms = [Vec::new(), Vec::new()];
+    for rep in 0..=reps * 3 {
+        for (i, h) in heaps.iter().enumerate() {
+            // SAFETY: `b.errors` holds two u32s; the heaps and the buffer
+            // outlive the launch, which `gpu.time` waits for.
+            let t =
+                gpu.time(|| unsafe { b.kernels.pair_cuheap(&cfg, h, n, size, b.errors.as_ptr()) })?;
+            if rep > 0 {
+                ms[i].push(t as f64);
+            }
+        }
+    }
+    drop(svc);
+    let e = b.errors()?;
+    let case = "pair 1M x 16 B, no growth needed";
+    let [f, g] = ms;
+    let mut rf = row(case, "cuheap, fixed heap".into(), f, fixed.capacity());
+    let mut rg = row(
+        case,
+        "cuheap, growable heap with its service".into(),
+        g,
+        growable.capacity(),
+    );
+    for (r, h) in [(&mut rf, &fixed), (&mut rg, &growable)] {
+        r.nulls = e[0];
+        r.errors = e[1] + u32::from(!h.stats()?.is_empty());
+    }
+    report.rows.push(rf);
+    report.rows.push(rg);
+    Ok(())
+}

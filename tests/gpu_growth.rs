@@ -1,0 +1,160 @@
+//! The device heap growing while a kernel runs: a growth service maps
+//! memory for threads that find the heap short, every block is filled
+//! and checked, blocks from before the growth stay valid, and a heap that
+//! cannot grow enough gives counted nulls in bounded time, never a hang.
+
+mod common;
+use common::*;
+use cuheap::DeviceHeap;
+use std::time::Instant;
+
+/// 1M threads keep 1 KiB each (1 GiB) from a heap that starts at 32 MiB
+/// (32x less): one launch, no null, every block checked; blocks a kernel
+/// made before the growth keep their addresses and contents.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn one_launch_grows_the_heap_32x_and_every_block_checks() {
+    let gpu = gpu();
+    let h = DeviceHeap::growable(&gpu, 32 << 20, 4 << 30).unwrap();
+    let svc = h.serve().unwrap();
+    // Before: 64K threads take 256 B each (16 MiB) and fill their blocks.
+    let early = Bufs::new(&gpu, 64 << 10);
+    alloc(&gpu, &h, &early, 64 << 10, 256);
+    assert_eq!(early.take_errors(), [0, 0]);
+    let early_ptrs = early.ptrs(64 << 10);
+    let n = 1u32 << 20;
+    let b = Bufs::new(&gpu, n);
+    let t = Instant::now();
+    alloc(&gpu, &h, &b, n, 1024);
+    let wall = t.elapsed();
+    let g = h.growth_stats();
+    let s = h.stats().unwrap();
+    let why = h.growth_refusal();
+    assert_eq!(
+        b.take_errors(),
+        [0, 0],
+        "nulls while growing: {s:?} {g:?} {why:?}"
+    );
+    assert!(g.live_steps >= 3, "{g:?}");
+    assert!(h.capacity() >= 1 << 30, "capacity {}", h.capacity());
+    assert_eq!(s.blocks(), n as u64 + (64 << 10), "{s:?}");
+    assert_eq!(s.failed_allocs, 0);
+    assert!(
+        s.grow_requests >= g.live_steps && s.grow_requests < 1000,
+        "{s:?}"
+    );
+    assert_eq!(s.grow_timeouts, 0, "a thread waited for the host in vain");
+    fill_check(&gpu, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0], "blocks overlap after growth");
+    // The early blocks: same addresses (nothing moved), still theirs.
+    assert_eq!(early.ptrs(64 << 10), early_ptrs);
+    fill_check(&gpu, &early, 64 << 10, 256);
+    assert_eq!(early.take_errors(), [0, 0], "an early block was damaged");
+    svc.stop().unwrap();
+    free(&gpu, &h, &b, n);
+    free(&gpu, &h, &early, 64 << 10);
+    let s = h.stats().unwrap();
+    assert!(s.is_empty(), "blocks not returned");
+    println!(
+        "1M x 1 KiB from 32 MiB in one launch: {:?} wall, {} steps to {} MiB, {} requests, {:.0} us mapping per step",
+        wall,
+        g.live_steps,
+        h.capacity() >> 20,
+        s.grow_requests,
+        g.nanos as f64 / 1e3 / g.steps as f64
+    );
+}
+
+/// Spans and mixed sizes grow the heap too (the random stress kernel on
+/// a 16 MiB start), and the heap checks out afterwards.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn mixed_sizes_and_spans_grow_while_running() {
+    let gpu = gpu();
+    let h = DeviceHeap::growable(&gpu, 16 << 20, 8 << 30).unwrap();
+    let _svc = h.serve().unwrap();
+    let n = 256u32 << 10;
+    let b = Bufs::new(&gpu, n);
+    // Size 0 is the mixed workload (16 B to 4 KiB); then 64 KiB + 1 spans.
+    alloc(&gpu, &h, &b, n, 0);
+    assert_eq!(b.take_errors(), [0, 0]);
+    fill_check(&gpu, &b, n, 0);
+    assert_eq!(b.take_errors(), [0, 0]);
+    let spans = Bufs::new(&gpu, 8 << 10);
+    alloc(&gpu, &h, &spans, 8 << 10, (64 << 10) + 1);
+    assert_eq!(spans.take_errors(), [0, 0], "span nulls while growing");
+    fill_check(&gpu, &spans, 8 << 10, (64 << 10) + 1);
+    assert_eq!(spans.take_errors(), [0, 0]);
+    assert!(h.growth_stats().live_steps >= 2, "{:?}", h.growth_stats());
+    free(&gpu, &h, &b, n);
+    free(&gpu, &h, &spans, 8 << 10);
+    assert!(h.stats().unwrap().is_empty());
+}
+
+/// A reservation of 128 MiB cannot hold 1 GiB: the kernel ends (no
+/// hang), the threads the heap could not serve get null, each counted;
+/// the blocks it did hand out check.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_heap_that_cannot_grow_enough_gives_counted_nulls_promptly() {
+    let gpu = gpu();
+    let h = DeviceHeap::growable(&gpu, 16 << 20, 128 << 20).unwrap();
+    let svc = h.serve().unwrap();
+    let n = 1u32 << 20;
+    let b = Bufs::new(&gpu, n);
+    let t = Instant::now();
+    alloc(&gpu, &h, &b, n, 1024);
+    let wall = t.elapsed();
+    println!("a 128 MiB reservation asked for 1 GiB: {wall:?}");
+    let [nulls, damaged] = b.take_errors();
+    let s = h.stats().unwrap();
+    assert!(nulls > n / 2, "{nulls} nulls");
+    assert_eq!(damaged, 0);
+    assert_eq!(s.failed_allocs, nulls as u64);
+    assert_eq!(h.capacity(), 128 << 20, "{s:?}");
+    // A full reservation is known on the device: nobody waited in vain.
+    assert_eq!(s.grow_timeouts, 0, "{s:?}");
+    fill_check(&gpu, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    svc.stop().unwrap();
+    free(&gpu, &h, &b, n);
+    assert!(h.stats().unwrap().is_empty());
+    println!("refused past 128 MiB: {nulls} nulls in {wall:?}");
+}
+
+/// Without a service a growable heap behaves as before: nulls, counted,
+/// and `run_growing` grows between launches; a second service on one
+/// heap is refused; a fixed heap has none.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn service_rules() {
+    let gpu = gpu();
+    let h = DeviceHeap::growable(&gpu, 4 << 20, 4 << 30).unwrap();
+    let n = 64u32 << 10;
+    let b = Bufs::new(&gpu, n);
+    alloc(&gpu, &h, &b, n, 1024);
+    assert!(b.take_errors()[0] > 0, "a 4 MiB heap served 64 MiB");
+    free(&gpu, &h, &b, n);
+    let svc = h.serve().unwrap();
+    assert!(h.serve().is_err(), "two services on one heap");
+    b.ptrs.zero().unwrap();
+    alloc(&gpu, &h, &b, n, 1024);
+    let e = b.take_errors();
+    let (s, g) = (h.stats().unwrap(), (h.growth_stats(), h.growth_refusal()));
+    svc.stop().unwrap();
+    assert_eq!(e, [0, 0], "{s:?} {g:?}");
+    free(&gpu, &h, &b, n);
+    // After a reset the service keeps serving.
+    let svc = h.serve().unwrap();
+    // SAFETY: every launch on this heap was waited for.
+    unsafe { h.reset() }.unwrap();
+    let big = Bufs::new(&gpu, 1 << 20);
+    alloc(&gpu, &h, &big, 1 << 20, 1024);
+    let e = big.take_errors();
+    let (s, g) = (h.stats().unwrap(), (h.growth_stats(), h.growth_refusal()));
+    svc.stop().unwrap();
+    assert_eq!(e, [0, 0], "{s:?} {g:?}");
+    free(&gpu, &h, &big, 1 << 20);
+    let fixed = DeviceHeap::new(&gpu, 4 << 20).unwrap();
+    assert!(fixed.serve().is_err());
+}
