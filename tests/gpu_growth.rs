@@ -158,3 +158,79 @@ fn service_rules() {
     let fixed = DeviceHeap::new(&gpu, 4 << 20).unwrap();
     assert!(fixed.serve().is_err());
 }
+
+/// `trim` after the blocks are freed gives the grown memory back
+/// (`cuMemGetInfo` shows it), never a step that holds a live block
+/// (those blocks still check afterwards), and the heap grows again; 100
+/// cycles of growing by 256 MiB, filling, freeing and trimming leak
+/// nothing.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn trim_gives_memory_back_and_grow_shrink_cycles_leak_nothing() {
+    let gpu = gpu();
+    let start = 64usize << 20;
+    let h = DeviceHeap::growable(&gpu, start, 8 << 30).unwrap();
+    let n = 1u32 << 20;
+    let b = Bufs::new(&gpu, n);
+    let svc = h.serve().unwrap();
+    alloc(&gpu, &h, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    let grown = h.capacity();
+    assert!(grown >= 1 << 30, "{grown}");
+    // Free the even threads' blocks, keep the odd ones.
+    let all = b.ptrs(n);
+    let (even, odd): (Vec<u64>, Vec<u64>) = all
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| if i % 2 == 0 { (p, 0) } else { (0, p) })
+        .unzip();
+    b.ptrs.write(0, &even).unwrap();
+    free(&gpu, &h, &b, n);
+    b.ptrs.write(0, &odd).unwrap();
+    // SAFETY: every launch on this heap was waited for.
+    let kept = unsafe { h.trim(start) }.unwrap();
+    assert!(kept > start, "trim unmapped steps that hold live blocks");
+    fill_check(&gpu, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0], "a live block was damaged by trim");
+    free(&gpu, &h, &b, n);
+    svc.stop().unwrap();
+    let before = gpu.mem_info().unwrap().0;
+    // SAFETY: as above.
+    let after_trim = unsafe { h.trim(start) }.unwrap();
+    let freed = gpu.mem_info().unwrap().0.saturating_sub(before);
+    assert_eq!(after_trim, start);
+    assert!(h.stats().unwrap().is_empty());
+    assert!(
+        freed >= (kept - start) / 4 * 3,
+        "trim unmapped {} MiB, cuMemGetInfo shows {} MiB back",
+        (kept - start) >> 20,
+        freed >> 20
+    );
+    // Grow, fill, free, trim: 100 times; the free memory comes back.
+    let base = gpu.mem_info().unwrap().0;
+    let m = 64u32 << 10;
+    for cycle in 0..100 {
+        h.grow(start + (256 << 20)).unwrap();
+        alloc(&gpu, &h, &b, m, 1024);
+        fill_check(&gpu, &b, m, 1024);
+        assert_eq!(b.take_errors(), [0, 0], "cycle {cycle}");
+        free(&gpu, &h, &b, m);
+        // SAFETY: as above.
+        assert_eq!(unsafe { h.trim(start) }.unwrap(), start, "cycle {cycle}");
+    }
+    let end = gpu.mem_info().unwrap().0;
+    assert!(
+        end + (8 << 20) >= base,
+        "100 cycles lost {} MiB",
+        (base - end) >> 20
+    );
+    assert!(h.stats().unwrap().is_empty());
+    println!(
+        "trim: {} MiB grown, {} MiB kept with half the blocks live, {} MiB back after all were freed; 100 cycles: free memory {} -> {} MiB",
+        grown >> 20,
+        kept >> 20,
+        freed >> 20,
+        base >> 20,
+        end >> 20
+    );
+}

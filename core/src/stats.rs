@@ -40,6 +40,10 @@ pub struct Counters {
     pub grow_requests: AtomicU64,
     /// Times the host could not grow at all (written by the host).
     pub grow_refusals: AtomicU64,
+    /// The page limit growth may still reach (0: the whole heap). A host
+    /// that refuses sets it to the limit, so threads stop asking until the
+    /// host grows the heap again and clears it.
+    pub grow_cap: AtomicU64,
     /// Waits for growth that ended in the timeout (the host did not answer).
     pub grow_timeouts: AtomicU64,
 }
@@ -60,6 +64,7 @@ impl Counters {
             grow_rung: AtomicU64::new(0),
             grow_requests: AtomicU64::new(0),
             grow_refusals: AtomicU64::new(0),
+            grow_cap: AtomicU64::new(0),
             grow_timeouts: AtomicU64::new(0),
         }
     }

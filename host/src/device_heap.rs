@@ -18,7 +18,7 @@ use crate::growth::{Grower, GrowthService, GrowthStats};
 use crate::vmm::VmmRegion;
 use cudarc::driver::CudaContext;
 use cuheap_core::page::PageDesc;
-use cuheap_core::{Counters, HeapHandle, Layout, Stats, PAGE_SIZE};
+use cuheap_core::{Counters, Heap, HeapHandle, Layout, Stats, PAGE_SIZE};
 use std::mem::{align_of, offset_of, size_of};
 use std::sync::Arc;
 
@@ -294,6 +294,65 @@ impl DeviceHeap {
         Ok(())
     }
 
+    /// Gives back the memory at the end of a growable heap that no block
+    /// uses, keeping at least `keep` bytes mapped: retires the empty
+    /// pages that slots and lists still hold (the core's `scavenge`, run
+    /// on a host copy of the metadata), then unmaps whole growth steps
+    /// from the end while none of their pages is in use, and lowers the
+    /// page limit. Returns the bytes mapped afterwards. A fixed heap keeps
+    /// its memory. Growth maps the range again later, blocks keep their
+    /// addresses, and a step that holds one live block stays.
+    ///
+    /// # Time complexity
+    ///
+    /// Two copies of the metadata (about 1 MiB per GiB of reservation)
+    /// and O(slots x classes + pages) work on the host.
+    ///
+    /// # Safety
+    ///
+    /// As for [`DeviceHeap::reset`]: no kernel that uses this heap is
+    /// running or queued, on any stream.
+    pub unsafe fn trim(&self, keep: usize) -> Result<usize> {
+        let Data::Growable(g) = &self.data else {
+            return Ok(self.capacity());
+        };
+        g.exclusive(|| {
+            let mut meta = vec![MetaLine([0; 128]); self.layout.meta_bytes.div_ceil(128)];
+            // SAFETY: plain bytes.
+            let bytes = unsafe { as_bytes_mut(&mut meta) };
+            self.meta.read(0, &mut bytes[..self.layout.meta_bytes])?;
+            let host = HeapHandle {
+                meta: meta.as_ptr() as u64,
+                ..self.handle
+            };
+            // SAFETY: `meta` is a copy of the heap's metadata, 128-byte
+            // aligned and as long as the layout says; the view only touches
+            // metadata (never the data region, whose addresses are the
+            // device's), and nothing else uses the copy meanwhile.
+            let heap = unsafe { Heap::<u32>::from_handle(&host) };
+            heap.scavenge();
+            let region = &g.region;
+            while let Some((start, len)) = region.last_extent() {
+                let (from, to) = (
+                    (start / PAGE_SIZE) as u32,
+                    ((start + len) / PAGE_SIZE) as u32,
+                );
+                if start < keep.max(PAGE_SIZE) || heap.any_in_use(from, to) {
+                    break;
+                }
+                // SAFETY: no page of the step is in use (the page map, after
+                // the scavenge) and no kernel runs (the caller's contract);
+                // the lowered limit below keeps later claims out of it.
+                unsafe { region.shrink_to(start) }?;
+                heap.set_limit(from);
+            }
+            // SAFETY: plain bytes.
+            let bytes = unsafe { as_bytes_mut(&mut meta) };
+            self.meta.write(0, &bytes[..self.layout.meta_bytes])?;
+            Ok(region.mapped())
+        })
+    }
+
     /// Reads the heap's statistics after a launch (synchronous copy).
     pub fn stats(&self) -> Result<Stats> {
         // Pages past the mapped part are neither free nor in use.
@@ -306,6 +365,11 @@ impl DeviceHeap {
         Ok(Stats::collect(&descs, &self.counters()?))
     }
 }
+
+/// A 128-byte aligned line of a host copy of a heap's metadata.
+#[derive(Clone, Copy)]
+#[repr(C, align(128))]
+struct MetaLine([u8; 128]);
 
 /// The bytes of a slice of plain `#[repr(C)]` atomics, to copy into.
 ///

@@ -103,6 +103,8 @@ pub(crate) struct Grower {
     /// Whether a service answers the doorbell (the heap's `grow_bell` is
     /// the doorbell's address then, else 0).
     serving: AtomicBool,
+    /// Whether a refusal capped growth (`Counters::grow_cap` is set).
+    capped: AtomicBool,
     /// Held from mapping to publishing, so limits are written in order.
     lock: Mutex<()>,
     steps: AtomicU64,
@@ -129,6 +131,7 @@ impl Grower {
             counters,
             bell: Doorbell::new(ctx)?,
             serving: AtomicBool::new(false),
+            capped: AtomicBool::new(false),
             lock: Mutex::new(()),
             steps: AtomicU64::new(0),
             live_steps: AtomicU64::new(0),
@@ -172,6 +175,10 @@ impl Grower {
             .grow_at_once(bytes.min(self.region.reserved()))?;
         if mapped > before {
             self.publish_limit(mapped)?;
+            if self.capped.swap(false, Ordering::AcqRel) {
+                // Memory came back: let running kernels ask again.
+                self.write(offset_of!(Counters, grow_cap), 0)?;
+            }
             self.steps.fetch_add(1, Ordering::Relaxed);
             self.bytes
                 .fetch_add((mapped - before) as u64, Ordering::Relaxed);
@@ -179,6 +186,12 @@ impl Grower {
                 .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         Ok(mapped)
+    }
+
+    /// Runs `f` with growth held off (no step maps meanwhile).
+    pub(crate) fn exclusive<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        f()
     }
 
     fn publish_limit(&self, mapped: usize) -> Result<()> {
@@ -189,10 +202,12 @@ impl Grower {
     }
 
     /// Writes the words the host owns after the metadata was cleared: the
-    /// page limit, and the doorbell while a service runs.
+    /// page limit, no growth cap, and the doorbell while a service runs.
     pub(crate) fn restore(&self) -> Result<()> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.publish_limit(self.region.mapped())?;
+        self.capped.store(false, Ordering::Release);
+        self.write(offset_of!(Counters, grow_cap), 0)?;
         if self.serving.load(Ordering::Acquire) {
             self.write(offset_of!(Counters, grow_bell), self.bell.device)?;
         }
@@ -244,6 +259,8 @@ impl Grower {
         }
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let refusals = word(offset_of!(Counters, grow_refusals)) + 1;
+        self.write(offset_of!(Counters, grow_cap), limit as u64)?;
+        self.capped.store(true, Ordering::Release);
         self.write(offset_of!(Counters, grow_want), limit as u64)?;
         self.write(offset_of!(Counters, grow_rung), limit as u64)?;
         self.write(offset_of!(Counters, grow_refusals), refusals)?;

@@ -156,6 +156,12 @@ impl<B: Backend> Region<B> {
         Ok(())
     }
 
+    /// The last mapping: its offset from `base` and its length.
+    pub fn last_extent(&self) -> Option<(usize, usize)> {
+        let m = self.lock();
+        m.list.last().map(|&(len, _)| (m.bytes - len, len))
+    }
+
     /// Unmaps mappings from the end while at least `bytes` stay mapped: a
     /// mapping that straddles `bytes` stays. Returns the mapped size.
     ///
@@ -191,5 +197,34 @@ impl<B: Backend> Drop for Region<B> {
             // SAFETY: the range came from `reserve` and is unmapped.
             unsafe { self.backend.unreserve(self.base, self.reserved) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::HostBackend;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn a_step_is_one_mapping_and_shrinks_only_whole() {
+        let r = Region::with_backend(HostBackend::new(64 << 10, usize::MAX), 64 * MIB, 2 * MIB)
+            .unwrap();
+        assert_eq!(r.grow_to(4 * MIB).unwrap(), 4 * MIB); // two chunks
+        assert_eq!(r.grow_at_once(13 * MIB).unwrap(), 14 * MIB); // one step of 10 MiB
+        assert_eq!(r.last_extent(), Some((4 * MIB, 10 * MIB)));
+        assert!(r.grow_at_once(65 * MIB).is_err());
+        assert_eq!(r.mapped(), 14 * MIB);
+        // SAFETY: nothing uses host-backed test memory.
+        unsafe {
+            // The step straddles 8 MiB: it stays.
+            assert_eq!(r.shrink_to(8 * MIB).unwrap(), 14 * MIB);
+            assert_eq!(r.shrink_to(4 * MIB).unwrap(), 4 * MIB);
+            assert_eq!(r.shrink_to(3 * MIB).unwrap(), 4 * MIB);
+            assert_eq!(r.shrink_to(0).unwrap(), 0);
+        }
+        assert_eq!(r.last_extent(), None);
+        assert_eq!(r.grow_at_once(64 * MIB).unwrap(), 64 * MIB);
     }
 }

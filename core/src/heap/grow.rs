@@ -21,7 +21,10 @@
 //!    the new `page_limit`. Waiting threads poll `page_limit` in device
 //!    memory (never host memory) and retry once it rose.
 //! 4. A host that cannot map any page lowers `grow_want` and `grow_rung`
-//!    to the limit and bumps `grow_refusals`; the waiting threads fail (null, counted), as
+//!    to the limit, caps growth there (`grow_cap`: later allocations fail
+//!    at once instead of asking again, until the host grows the heap
+//!    another way and lifts the cap) and bumps `grow_refusals`; the
+//!    waiting threads fail (null, counted), as
 //!    they do when the service stops (`grow_bell` changes) or after
 //!    [`GROW_TIMEOUT_NS`]. Waiting is bounded: never a hang.
 //!
@@ -53,10 +56,19 @@ pub trait GrowHost {
 }
 
 impl<W: Word> Heap<'_, W> {
-    /// Whether a host serves growth and the heap can still grow.
+    /// Whether a host serves growth and the heap can still grow: below
+    /// its page count and below the cap a refusal set.
     #[inline(always)]
     pub fn may_grow(&self) -> bool {
-        self.counters.grow_bell.load(Ordering::Relaxed) != 0 && self.limit() < self.page_count
+        let c = self.counters;
+        if c.grow_bell.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let cap = match c.grow_cap.load(Ordering::Relaxed) {
+            0 => self.page_count as u64,
+            n => n.min(self.page_count as u64),
+        };
+        (self.limit() as u64) < cap
     }
 
     /// Whether threads asked for more pages than the limit gives and the
