@@ -63,20 +63,30 @@ impl<'a> PageMap<'a> {
     /// collide), then from page 0. Lock-free: a run whose bits change under
     /// it is given back and the search goes on past the conflict.
     pub fn claim_run(&self, len: u32, limit: u32, hint: u32) -> Option<u32> {
+        self.claim_run_aligned(len, 1, limit, hint)
+    }
+
+    /// [`PageMap::claim_run`] for a run that starts at a multiple of
+    /// `align` (a power of two, at most 32). Class pages of `n` units are
+    /// claimed aligned to `n.next_power_of_two()`, so each lies inside one
+    /// aligned block of that size and a small heap packs them like a
+    /// buddy allocator: pages at arbitrary offsets could leave free units
+    /// in pieces too short for the largest pages.
+    pub fn claim_run_aligned(&self, len: u32, align: u32, limit: u32, hint: u32) -> Option<u32> {
         if len == 0 || len > limit {
             return None;
         }
         let hint = hint % limit;
         if hint > 0 {
-            if let Some(p) = self.claim_run_from(hint, len, limit) {
+            if let Some(p) = self.claim_run_from(hint, len, align, limit) {
                 return Some(p);
             }
         }
-        self.claim_run_from(0, len, limit)
+        self.claim_run_from(0, len, align, limit)
     }
 
-    fn claim_run_from(&self, from: u32, len: u32, limit: u32) -> Option<u32> {
-        let mut start = from;
+    fn claim_run_from(&self, from: u32, len: u32, align: u32, limit: u32) -> Option<u32> {
+        let mut start = from.next_multiple_of(align);
         while start + len <= limit {
             // Find a candidate from a snapshot.
             let mut run = 0u32;
@@ -89,21 +99,22 @@ impl<'a> PageMap<'a> {
                     && run == 0
                     && self.words[(i / 32) as usize].load(Ordering::Relaxed) == u32::MAX
                 {
-                    i += 32; // a full word: skip it whole
+                    i += 32; // a full word: skip it whole (32 is aligned)
                     start = i;
                     continue;
                 }
                 if self.is_set(i) {
                     run = 0;
-                    start = i + 1;
+                    start = (i + 1).next_multiple_of(align);
+                    i = start;
                 } else {
                     run += 1;
+                    i += 1;
                 }
-                i += 1;
             }
             match self.try_claim(start, len) {
                 Ok(()) => return Some(start),
-                Err(used) => start = used + 1,
+                Err(used) => start = (used + 1).next_multiple_of(align),
             }
         }
         None
@@ -153,6 +164,24 @@ impl<'a> PageMap<'a> {
 mod tests {
     use super::*;
     use std::vec::Vec;
+
+    #[test]
+    fn aligned_runs_start_at_multiples_of_their_alignment() {
+        let w: Vec<AtomicU32> = (0..2).map(|_| AtomicU32::new(0)).collect();
+        let m = PageMap::new(&w);
+        assert_eq!(m.claim_one(0, 64), Some(0));
+        assert_eq!(m.claim_run_aligned(3, 4, 64, 0), Some(4));
+        assert_eq!(m.claim_run_aligned(16, 16, 64, 5), Some(16));
+        assert_eq!(m.claim_run_aligned(16, 16, 64, 40), Some(48));
+        // Pages 1..4 and 7..16 are free, 32..48 too: the first aligned
+        // 16-run is 32.
+        assert_eq!(m.claim_run_aligned(16, 16, 64, 0), Some(32));
+        assert_eq!(m.claim_run_aligned(16, 16, 64, 0), None);
+        assert_eq!(m.claim_run_aligned(8, 8, 64, 0), Some(8));
+        assert_eq!(m.claim_run_aligned(2, 2, 64, 0), Some(2));
+        assert_eq!(m.claim_run_aligned(2, 2, 64, 0), None);
+        assert_eq!(m.claim_run(2, 64, 0), None); // pages 1 and 7 are apart
+    }
 
     #[test]
     fn runs_skip_used_pages_and_respect_limit() {

@@ -205,3 +205,67 @@ fn a_heap_whose_blocks_were_all_freed_serves_a_span_of_half_of_it() {
     heap.check_invariants().unwrap();
     assert!(heap.stats().is_empty());
 }
+
+/// The GPU test `exhaustion_returns_null_and_recovers` on host threads:
+/// a 4 MiB heap with 132 slots is exhausted with 256 B blocks, emptied,
+/// then serves 4 KiB blocks (16-unit pages) up to all but one block per
+/// slot of its capacity, with no null: the largest pages still fit once
+/// the small ones are gone (class pages are claimed aligned, so they do
+/// not cut the free units into short pieces), and blocks on pages that
+/// are between owners are found by the repeated last-resort scan.
+#[test]
+fn an_emptied_small_heap_serves_a_near_full_load_of_its_largest_pages() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const THREADS: usize = 8;
+    const SLOTS: u32 = 132;
+    for round in 0..20 {
+        let owned = OwnedHeap::<u32>::new(64, SLOTS).unwrap();
+        let barrier = Barrier::new(THREADS);
+        let nulls = AtomicUsize::new(0);
+        std::thread::scope(|sc| {
+            for t in 0..THREADS {
+                let (owned, barrier, nulls) = (&owned, &barrier, &nulls);
+                sc.spawn(move || {
+                    let heap = owned.heap();
+                    let slot = |i: usize| (t * 7919 + i * 31) as u32 % SLOTS;
+                    let mut live = Vec::new();
+                    barrier.wait();
+                    let mut failed = 0;
+                    for i in 0..25_000 {
+                        match heap.alloc(256, slot(i)) {
+                            Ok(p) => live.push(p),
+                            Err(_) if failed == 3 => break,
+                            Err(_) => failed += 1,
+                        }
+                    }
+                    barrier.wait();
+                    for p in live.drain(..) {
+                        heap.free(p, t as u32).unwrap();
+                    }
+                    barrier.wait();
+                    for i in 0..(64 * 16 - SLOTS as usize) / THREADS {
+                        match heap.alloc(4096, slot(i)) {
+                            Ok(p) => live.push(p),
+                            Err(_) => {
+                                nulls.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    barrier.wait();
+                    for p in live.drain(..) {
+                        heap.free(p, t as u32).unwrap();
+                    }
+                });
+            }
+        });
+        let heap = owned.heap();
+        assert_eq!(
+            nulls.load(Ordering::Relaxed),
+            0,
+            "round {round}: {:?}",
+            heap.stats()
+        );
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
+    }
+}

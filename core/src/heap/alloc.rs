@@ -35,6 +35,18 @@ pub struct Run<W> {
 pub(super) const INSTALLING: u32 = u32::MAX;
 /// Slots whose lists are tried before a fresh page.
 const NEAR_SLOTS: u32 = 4;
+/// Passes of the last-resort scan while it sees free blocks in transit.
+const SCAN_ROUNDS: u32 = 8;
+
+/// What one pass of the last-resort scan found.
+enum Scan {
+    /// A page with free blocks is on a list now.
+    Listed,
+    /// Pages with free blocks, none of which could be taken over.
+    InTransit,
+    /// No page of the class has a free block.
+    Nothing,
+}
 
 impl<W: Word> Heap<'_, W> {
     /// Allocates `size` bytes; slot `slot` picks the current pages to use.
@@ -274,11 +286,12 @@ impl<W: Word> Heap<'_, W> {
                 return Some(p);
             }
         }
-        if self.scavenge() > 0 {
-            if let Some(p) = self.claim_units(page_units(class), 0, self.limit()) {
-                self.activate(p, class);
-                return Some(p);
-            }
+        // Claim again even if this scavenge retired nothing: another
+        // thread's may just have freed the units.
+        self.scavenge();
+        if let Some(p) = self.claim_units(page_units(class), 0, self.limit()) {
+            self.activate(p, class);
+            return Some(p);
         }
         None
     }
@@ -306,20 +319,41 @@ impl<W: Word> Heap<'_, W> {
         if units == 1 {
             map.claim_one(hint, limit)
         } else {
-            map.claim_run(units, limit, hint)
+            map.claim_run_aligned(units, units.next_power_of_two(), limit, hint)
         }
     }
 
     /// Out of fresh pages: before failing, look for free blocks of `class`
     /// on any page: floating pages under the list threshold and other
     /// slots' current pages are moved to this slot's list, where the next
-    /// reserve round finds them. Nothing free is ever reported as exhausted.
+    /// reserve round finds them. A page with free blocks that is between
+    /// two owners (being installed, popped from a list) cannot be taken
+    /// over; the scan is repeated a few times while it sees such pages, so
+    /// free blocks are reported as exhaustion only when they stay out of
+    /// reach.
     #[inline(never)]
     pub(super) fn reserve_by_scan_or_fail(&self, class: u32, slot: u32) -> Result<(), AllocError> {
+        for _ in 0..SCAN_ROUNDS {
+            match self.scan_for_free(class, slot) {
+                Scan::Listed => return Ok(()),
+                Scan::Nothing => break,
+                Scan::InTransit => {
+                    for _ in 0..64 {
+                        spin_hint();
+                    }
+                }
+            }
+        }
+        Err(AllocError::OutOfMemory)
+    }
+
+    /// One pass of [`Heap::reserve_by_scan_or_fail`].
+    fn scan_for_free(&self, class: u32, slot: u32) -> Scan {
         // Pages past the limit were never handed out (or were given back
         // before the limit was lowered): a growable heap's metadata covers
         // its whole reservation, mostly unmapped.
         let pages = &self.descs[..self.limit() as usize];
+        let mut seen = Scan::Nothing;
         for (p, d) in pages.iter().enumerate() {
             let p = p as u32;
             if d.kind.load(Ordering::Acquire) != class + 1 || d.now().free <= 0 {
@@ -335,18 +369,20 @@ impl<W: Word> Heap<'_, W> {
                 });
                 if !held {
                     if d.state.load(Ordering::Relaxed) == STATE_LISTED {
-                        return Ok(()); // some list holds it: acquire finds it
+                        return Scan::Listed; // some list holds it: acquire finds it
                     }
+                    seen = Scan::InTransit;
                     continue;
                 }
                 d.float();
             }
             if d.unfloat() {
                 self.list_page(p, class, slot);
-                return Ok(());
+                return Scan::Listed;
             }
+            seen = Scan::InTransit;
         }
-        Err(AllocError::OutOfMemory)
+        seen
     }
 
     /// Counts an allocation of `size` bytes that failed with `e`: every

@@ -31,7 +31,10 @@ impl<W: Word> Heap<'_, W> {
         let hint = (slot % self.slots) as u64 * limit as u64 / self.slots as u64;
         let mut start = map.claim_run(pages as u32, limit, hint as u32);
         let asked_first = || !self.may_grow() || self.ask_for(limit, pages as u32);
-        if start.is_none() && asked_first() && self.scavenge() > 0 {
+        if start.is_none() && asked_first() {
+            // Claim again even if this scavenge retired nothing: another
+            // thread's may just have freed the pages.
+            self.scavenge();
             start = map.claim_run(pages as u32, limit, 0);
         }
         let Some(start) = start else {
