@@ -346,6 +346,15 @@ impl DeviceHeap {
                 unsafe { region.shrink_to(start) }?;
                 heap.set_limit(from);
             }
+            // Asks from before stand above the new limit: drop them, or
+            // they would keep new asks from ringing (see `restore`).
+            let c = heap.counters();
+            let limit = heap.limit() as u64;
+            c.grow_want
+                .store(limit, std::sync::atomic::Ordering::Relaxed);
+            c.grow_rung
+                .store(limit, std::sync::atomic::Ordering::Relaxed);
+            g.published_as(region.mapped());
             // SAFETY: plain bytes.
             let bytes = unsafe { as_bytes_mut(&mut meta) };
             self.meta.write(0, &bytes[..self.layout.meta_bytes])?;

@@ -20,7 +20,7 @@ use crate::vmm::VmmRegion;
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use cuheap_core::{Counters, PAGE_SIZE};
 use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -105,6 +105,8 @@ pub(crate) struct Grower {
     serving: AtomicBool,
     /// Whether a refusal capped growth (`Counters::grow_cap` is set).
     capped: AtomicBool,
+    /// The bytes the device's page limit covers (last written).
+    published: AtomicUsize,
     /// Held from mapping to publishing, so limits are written in order.
     lock: Mutex<()>,
     steps: AtomicU64,
@@ -132,6 +134,7 @@ impl Grower {
             bell: Doorbell::new(ctx)?,
             serving: AtomicBool::new(false),
             capped: AtomicBool::new(false),
+            published: AtomicUsize::new(0),
             lock: Mutex::new(()),
             steps: AtomicU64::new(0),
             live_steps: AtomicU64::new(0),
@@ -173,7 +176,7 @@ impl Grower {
         let mapped = self
             .region
             .grow_at_once(bytes.min(self.region.reserved()))?;
-        if mapped > before {
+        if mapped > before || self.published.load(Ordering::Acquire) < mapped {
             self.publish_limit(mapped)?;
             if self.capped.swap(false, Ordering::AcqRel) {
                 // Memory came back: let running kernels ask again.
@@ -198,16 +201,31 @@ impl Grower {
         self.write(
             offset_of!(Counters, page_limit),
             (mapped / PAGE_SIZE) as u64,
-        )
+        )?;
+        self.published.store(mapped, Ordering::Release);
+        Ok(())
+    }
+
+    /// Records the limit a host copy of the metadata set (`trim`).
+    pub(crate) fn published_as(&self, mapped: usize) {
+        self.published.store(mapped, Ordering::Release);
     }
 
     /// Writes the words the host owns after the metadata was cleared: the
     /// page limit, no growth cap, and the doorbell while a service runs.
     pub(crate) fn restore(&self) -> Result<()> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.publish_limit(self.region.mapped())?;
+        let mapped = self.region.mapped();
+        self.publish_limit(mapped)?;
         self.capped.store(false, Ordering::Release);
         self.write(offset_of!(Counters, grow_cap), 0)?;
+        // No ask is pending (or rung) above the limit: a stale one would
+        // keep new asks from ringing. Tickets go on from the doorbell's
+        // value, so the first one after a reset is a change to it.
+        let limit = (mapped / PAGE_SIZE) as u64;
+        self.write(offset_of!(Counters, grow_want), limit)?;
+        self.write(offset_of!(Counters, grow_rung), limit)?;
+        self.write(offset_of!(Counters, grow_requests), self.bell.read())?;
         if self.serving.load(Ordering::Acquire) {
             self.write(offset_of!(Counters, grow_bell), self.bell.device)?;
         }
@@ -218,8 +236,11 @@ impl Grower {
     /// runs beside kernels on other streams; returns once it is written.
     fn write(&self, offset: usize, v: u64) -> Result<()> {
         // SAFETY: a word inside the heap's counters, in device memory the
-        // heap owns; kernels only read the words the host writes (or, for
-        // `grow_want`, the host writes it only to refuse, see `answer`).
+        // heap owns. Kernels only read the words the host writes, except
+        // `grow_want`, `grow_rung` and `grow_requests`, which the host
+        // lowers only to refuse (`answer`) or while no ask can be pending
+        // (`restore`); a waiter that raises `grow_want` again meanwhile
+        // just asks again.
         unsafe { copy_to_device_on(self.counters + offset as u64, &[v], &self.stream) }
     }
 
@@ -361,7 +382,12 @@ fn serve(g: &Grower, stop: &AtomicBool, mut seen: u64) -> Result<()> {
         let t = g.bell.read();
         if t != seen {
             seen = t;
-            g.answer()?;
+            if let Err(e) = g.answer() {
+                // Stop looking served: waiting threads fail at once
+                // instead of after the timeout.
+                let _ = g.write(offset_of!(Counters, grow_bell), 0);
+                return Err(e);
+            }
             active = Instant::now();
         } else if active.elapsed() < SPIN {
             std::hint::spin_loop();

@@ -62,12 +62,15 @@ fn alloc_slow(heap: &Heap<'static, u32>, size: usize, align: usize) -> *mut u8 {
         .unwrap_or(core::ptr::null_mut())
 }
 
-/// The first attempt of a per-thread allocation, then [`alloc_slow`].
+/// A per-thread allocation: on a heap that can grow, through
+/// [`alloc_slow`]; otherwise one attempt, its failure counted.
 #[inline(always)]
 fn alloc_one(heap: &Heap<'static, u32>, size: usize, align: usize) -> *mut u8 {
-    // A failure is counted by `alloc_slow`, which tries once more.
-    heap.try_alloc_aligned(size, align, smid())
-        .unwrap_or_else(|_| alloc_slow(heap, size, align))
+    if heap.may_grow() {
+        return alloc_slow(heap, size, align);
+    }
+    heap.alloc_aligned(size, align, smid())
+        .unwrap_or(core::ptr::null_mut())
 }
 
 /// # Safety

@@ -299,9 +299,9 @@ impl<W: Word> Heap<'_, W> {
     /// Where slot `slot` starts looking for fresh pages below `limit`:
     /// slots spread over the heap, so their searches do not collide. A
     /// heap that grows while kernels run spreads them over the top half,
-    /// the last step (steps at least double the heap): below it, pages
-    /// were handed out before the step, and a search that starts there
-    /// walks past them on every claim.
+    /// the last step when steps double the heap (as the growth service's
+    /// do): below it, pages were handed out before the step, and a search
+    /// that starts there walks past them on every claim.
     #[inline(always)]
     fn fresh_hint(&self, slot: u32, limit: u32) -> u32 {
         let h = slot.wrapping_mul(0x9E37_79B9);
@@ -319,6 +319,9 @@ impl<W: Word> Heap<'_, W> {
         if units == 1 {
             map.claim_one(hint, limit)
         } else {
+            // Aligned, so pages pack (see `claim_run_aligned`); a page
+            // that finds no aligned run is served as a span instead
+            // (`try_fallback`), which may start anywhere.
             map.claim_run_aligned(units, units.next_power_of_two(), limit, hint)
         }
     }

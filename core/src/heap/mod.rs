@@ -187,7 +187,8 @@ impl<'a, W: Word> Heap<'a, W> {
     /// it stops claims above the limit by allocations that read the new
     /// value; one that read the old value may still claim a page there, so
     /// an owner that unmaps memory [`fence`](Heap::fence)s it first. Pages
-    /// in use above the limit stay valid.
+    /// in use above the limit stay valid (the last-resort search for free
+    /// blocks looks only below the limit).
     pub fn set_limit(&self, pages: u32) {
         self.counters
             .page_limit
