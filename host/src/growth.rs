@@ -232,6 +232,14 @@ impl Grower {
         Ok(())
     }
 
+    /// Marks the heap unserved: kernels stop asking, and waiting threads
+    /// fail at once.
+    fn unserve(&self) -> Result<()> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.serving.store(false, Ordering::Release);
+        self.write(offset_of!(Counters, grow_bell), 0)
+    }
+
     /// Writes one word of the counters, on the grower's stream, which
     /// runs beside kernels on other streams; returns once it is written.
     fn write(&self, offset: usize, v: u64) -> Result<()> {
@@ -316,25 +324,21 @@ impl GrowthService<'_> {
         // Read before the doorbell is published: a ring from a kernel
         // that starts before the thread does is still a change to it.
         let seen = grower.bell.read();
-        let started = grower.restore();
-        let thread = started.as_ref().ok().map(|_| {
-            let (g, stop) = (grower.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name("cuheap-growth".into())
-                .spawn(move || serve(&g, &stop, seen))
-        });
-        let thread = match (started, thread) {
-            (Ok(()), Some(Ok(t))) => t,
-            (Err(e), _) => {
-                grower.serving.store(false, Ordering::Release);
-                return Err(e);
-            }
-            (_, _) => {
-                grower.serving.store(false, Ordering::Release);
-                let _ = grower.write(offset_of!(Counters, grow_bell), 0);
-                return Err(Error::InvalidArgument(
-                    "could not start the growth thread".into(),
-                ));
+        if let Err(e) = grower.restore() {
+            let _ = grower.unserve();
+            return Err(e);
+        }
+        let (g, halt) = (grower.clone(), stop.clone());
+        let thread = match std::thread::Builder::new()
+            .name("cuheap-growth".into())
+            .spawn(move || serve(&g, &halt, seen))
+        {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = grower.unserve();
+                return Err(Error::InvalidArgument(format!(
+                    "could not start the growth thread: {e}"
+                )));
             }
         };
         Ok(GrowthService {
@@ -358,10 +362,7 @@ impl GrowthService<'_> {
         let ran = t
             .join()
             .unwrap_or_else(|_| Err(Error::InvalidArgument("the growth thread panicked".into())));
-        let _g = self.grower.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.grower.serving.store(false, Ordering::Release);
-        let off = self.grower.write(offset_of!(Counters, grow_bell), 0);
-        ran.and(off)
+        ran.and(self.grower.unserve())
     }
 }
 

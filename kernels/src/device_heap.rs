@@ -86,7 +86,8 @@ unsafe fn view(h: &HeapHandle) -> Heap<'static, u32> {
 /// exhaustion (each counted in the heap's `failed_allocs`). Never traps or
 /// hangs: on a heap that a host grows while kernels run, a thread that
 /// finds it short waits for more pages, and gets null if the host cannot
-/// add any (or after `GROW_TIMEOUT_NS`, 2 s). Blocks are 16-byte aligned, power-of-two sizes naturally aligned.
+/// add any (or after `GROW_TIMEOUT_NS`, 2 s). Blocks are 16-byte aligned,
+/// power-of-two sizes naturally aligned.
 ///
 /// # Safety
 ///

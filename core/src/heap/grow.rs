@@ -193,10 +193,3 @@ fn pages_for(size: usize, align: usize) -> u32 {
         None => span_pages(size).min(u32::MAX as usize) as u32,
     }
 }
-
-impl Counters {
-    /// Whether a host serves growth for the heap (see [`GrowHost`]).
-    pub fn growth_served(&self) -> bool {
-        self.grow_bell.load(Ordering::Relaxed) != 0
-    }
-}

@@ -25,8 +25,9 @@
 //!
 //! This file holds the view ([`Heap`], [`HeapHandle`]), the errors and the
 //! accessors; `alloc` the allocation paths, `grow` growth while kernels
-//! run, `lifecycle` listing and retiring pages, `span` whole-page requests, `free` freeing and address
-//! lookup, `realloc` resizing, `check` the invariant checks.
+//! run, `lifecycle` listing and retiring pages, `span` whole-page
+//! requests, `free` freeing and address lookup, `realloc` resizing,
+//! `check` the invariant checks.
 
 mod alloc;
 mod check;
