@@ -72,8 +72,15 @@ pub fn load_options() -> Result<cuheap_host::LoadOptions> {
     Ok(cuheap_host::LoadOptions { max_registers })
 }
 
-/// Register cap applied when `CUHEAP_MAX_REGISTERS` is unset.
-pub const DEFAULT_MAX_REGISTERS: Option<u32> = None;
+/// Register cap applied when `CUHEAP_MAX_REGISTERS` is unset: 128, so
+/// two blocks of 256 threads fit on an SM. The assembler gives a kernel
+/// the registers of the heaviest path it may call, and the heap's rarest
+/// path (a thread waiting for growth while the kernel runs, a loop around
+/// a whole allocation) takes about 150 uncapped: half the warps per SM,
+/// and 60% slower allocation at 1M x 16 B on an H100, for every kernel
+/// that allocates, growth or not. Capped, the rare path spills and the
+/// warp path keeps its speed (`docs/ab-registers-growth-h100.txt`).
+pub const DEFAULT_MAX_REGISTERS: Option<u32> = Some(128);
 
 /// Names of the benchmark and test kernels (`.entry`) in [`BENCH_PTX`]
 /// ([`PTX`] has none: it holds device functions).

@@ -468,3 +468,27 @@ fn vec_building_kernel_matches_the_cpu() {
     let s = h.stats().unwrap();
     assert_eq!((s.failed_allocs, s.bad_frees), (0, 0));
 }
+
+/// The allocation kernels fit two blocks of 256 threads per SM: the
+/// default register cap reaches the compiler (uncapped, the loop of a
+/// thread waiting for growth gave them 150 registers, half the warps per
+/// SM and a slower allocation for every kernel).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn allocation_kernels_keep_two_blocks_per_sm() {
+    if std::env::var_os("CUHEAP_MAX_REGISTERS").is_some() {
+        return; // the user's cap, not the default, decides
+    }
+    let cap = cuheap::DEFAULT_MAX_REGISTERS.unwrap();
+    let gpu = gpu();
+    for k in [
+        "pair_cuheap",
+        "alloc_cuheap",
+        "free_cuheap",
+        "alloc_missing",
+    ] {
+        let r = gpu.registers(k).unwrap();
+        println!("{k}: {r} registers");
+        assert!(r <= cap, "{k} takes {r} registers a thread (cap {cap})");
+    }
+}
