@@ -9,8 +9,8 @@ pub use cudarc;
 pub use cuheap_core as core;
 pub use cuheap_host as host;
 pub use cuheap_host::{
-    DeviceHeap, DevicePtr, Error, Gpu, GrowthService, GrowthStats, Kernel, LaunchConfig, Result,
-    Stats,
+    DeviceHeap, DevicePtr, Error, Gpu, GrowthService, GrowthStats, Kernel, LaunchConfig, Pool,
+    PoolConfig, Reservation, ReservationStats, Result, Stats,
 };
 
 /// The PTX a program links: the heap and its C ABI (`cuheap_malloc`,

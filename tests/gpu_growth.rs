@@ -234,3 +234,138 @@ fn trim_gives_memory_back_and_grow_shrink_cycles_leak_nothing() {
         end >> 20
     );
 }
+
+/// One reservation for the host pool and the device heap: a kernel grows
+/// the heap while it runs (1M threads keep 1 KiB, from 64 MiB), frees
+/// it all, the heap is trimmed into the reservation's bank, and a host
+/// allocation of 512 MiB maps that memory (no new device memory); the
+/// pool frees and trims, and the heap grows into what the pool gave
+/// back, again while a kernel runs. Every block checks; at the end the
+/// bank goes back and `cuMemGetInfo` shows the memory back.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn memory_freed_by_a_kernel_serves_a_host_allocation_and_the_reverse() {
+    use cuheap::{DevicePtr, LaunchConfig, Pool, PoolConfig, Reservation};
+    let gpu = gpu();
+    let free_at_start = gpu.mem_info().unwrap().0;
+    let res = Reservation::new(gpu.context(), 64 << 30).unwrap();
+    let cfg = PoolConfig {
+        initial: 32 << 20,
+        chunk: 32 << 20,
+        ..PoolConfig::new(16 << 30)
+    };
+    let pool = Pool::shared(&res, cfg).unwrap();
+    let start = 64usize << 20;
+    let h = DeviceHeap::growable_in(&gpu, &res, start, 16 << 30).unwrap();
+    let n = 1u32 << 20;
+    let b = Bufs::new(&gpu, n);
+
+    // A kernel grows the heap while it runs, then everything is freed.
+    let svc = h.serve().unwrap();
+    alloc(&gpu, &h, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    fill_check(&gpu, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    free(&gpu, &h, &b, n);
+    svc.stop().unwrap();
+    let grown = h.capacity();
+    assert!(grown >= 1 << 30, "{grown}");
+
+    // Trimmed, the heap's memory goes to the bank, where the pool maps it.
+    // SAFETY: every launch on this heap was waited for.
+    assert_eq!(unsafe { h.trim(start) }.unwrap(), start);
+    let s = res.stats();
+    assert_eq!(s.banked, grown - start, "{s:?}");
+    assert_eq!(
+        (pool.stats().banked, pool.stats().device_heap_mapped),
+        (s.banked, start)
+    );
+    let created = s.created;
+    let stream = gpu.context().new_stream().unwrap();
+    let size = 512usize << 20;
+    let p = pool.alloc(size, &stream).unwrap();
+    let k = kernels(&gpu);
+    let errors = gpu.alloc_zeroed(4).unwrap();
+    let words = (size / 4) as u32;
+    let launch = LaunchConfig::for_threads(256 * 1024).on(&stream);
+    // SAFETY: `p` is a live block of `words` u32s until the free below,
+    // which is ordered after these kernels on `stream`; `errors` holds a u32.
+    unsafe {
+        k.spin_fill(&launch, DevicePtr::from_raw(p), words, 0xA5A5_A5A5, 0)
+            .unwrap();
+        k.check_fill(
+            &launch,
+            DevicePtr::from_raw(p),
+            words,
+            0xA5A5_A5A5,
+            1,
+            errors.as_ptr(),
+        )
+        .unwrap();
+    }
+    let mut e = [0u32];
+    errors.read_on(0, &mut e, &stream).unwrap();
+    assert_eq!(
+        e[0], 0,
+        "the host allocation's memory did not hold its data"
+    );
+    let s = res.stats();
+    assert_eq!(
+        s.created, created,
+        "the host allocation made new memory: {s:?}"
+    );
+    assert!(s.reused >= size, "{s:?}");
+    let pool_mapped = pool.stats().reserved;
+
+    // The reverse: the pool frees and trims into the bank, and the heap
+    // grows into that memory while a kernel runs.
+    pool.free(p, &stream).unwrap();
+    pool.trim(0).unwrap();
+    let s = res.stats();
+    assert_eq!(s.banked, pool_mapped - (32 << 20), "{s:?}");
+    let (created, reused) = (s.created, s.reused);
+    let svc = h.serve().unwrap();
+    alloc(&gpu, &h, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    fill_check(&gpu, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    svc.stop().unwrap();
+    let s = res.stats();
+    let again = h.capacity() - start;
+    assert!(
+        s.reused - reused >= size,
+        "the heap mapped little of the bank: {s:?}"
+    );
+    assert!(
+        s.created - created <= again.saturating_sub(s.reused - reused),
+        "{s:?}"
+    );
+    free(&gpu, &h, &b, n);
+
+    // All back to the device.
+    // SAFETY: as above.
+    unsafe { h.trim(0) }.unwrap();
+    pool.trim(0).unwrap();
+    let released = res.release();
+    drop(h);
+    drop(pool);
+    res.release();
+    let s = res.stats();
+    drop(res);
+    let free_at_end = gpu.mem_info().unwrap().0;
+    assert!(
+        free_at_end + (16 << 20) >= free_at_start,
+        "{} MiB free at the start, {} at the end: {s:?}",
+        free_at_start >> 20,
+        free_at_end >> 20
+    );
+    println!(
+        "one reservation: the heap grew to {} MiB in a launch, a 512 MiB host allocation reused its memory (created {} MiB in all, reused {} MiB), the heap grew again into the pool's; {} MiB released at the end, free memory {} -> {} MiB",
+        grown >> 20,
+        s.created >> 20,
+        s.reused >> 20,
+        released >> 20,
+        free_at_start >> 20,
+        free_at_end >> 20
+    );
+}

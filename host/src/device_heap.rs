@@ -15,7 +15,10 @@
 use crate::driver::{DeviceMemory, Gpu, Param};
 use crate::error::{Context, Error, Result};
 use crate::growth::{Grower, GrowthService, GrowthStats};
-use crate::vmm::VmmRegion;
+use crate::vmm::{Part, Region, Reservation, VmmRegion};
+
+/// Mapping unit of a growable heap's range (steps map many at once).
+const GROWTH_CHUNK: usize = 2 << 20;
 use cudarc::driver::CudaContext;
 use cuheap_core::page::PageDesc;
 use cuheap_core::{Counters, Heap, HeapHandle, Layout, Stats, PAGE_SIZE};
@@ -85,7 +88,36 @@ impl DeviceHeap {
     /// A heap that starts with `initial` bytes mapped and may grow to
     /// `max` bytes of address space (its metadata is sized for `max`).
     pub fn growable(gpu: &Gpu, initial: usize, max: usize) -> Result<DeviceHeap> {
-        let region = VmmRegion::new(gpu.context(), max, 2 << 20)?;
+        DeviceHeap::on_region(
+            gpu,
+            VmmRegion::new(gpu.context(), max, GROWTH_CHUNK)?,
+            initial,
+        )
+    }
+
+    /// A growable heap (as [`DeviceHeap::growable`]) whose address range
+    /// (`max` bytes) is carved from `res` and whose physical memory is
+    /// `res`'s: growth maps memory a [`Pool`](crate::Pool) or another heap
+    /// of the reservation gave back before it creates any, and
+    /// [`DeviceHeap::trim`] banks what it unmaps for them. `res` must be
+    /// on `gpu`'s device.
+    pub fn growable_in(
+        gpu: &Gpu,
+        res: &Arc<Reservation>,
+        initial: usize,
+        max: usize,
+    ) -> Result<DeviceHeap> {
+        let theirs = res.backend().context().cu_device();
+        if theirs != gpu.context().cu_device() {
+            return Err(Error::InvalidArgument(
+                "the reservation is on another device than the heap".into(),
+            ));
+        }
+        let region = Region::within(res, Part::DeviceHeap, max, GROWTH_CHUNK)?;
+        DeviceHeap::on_region(gpu, region, initial)
+    }
+
+    fn on_region(gpu: &Gpu, region: VmmRegion, initial: usize) -> Result<DeviceHeap> {
         let pages = pages_of(region.reserved())?;
         let slots = gpu.info().sms.max(1);
         let layout = Layout::new(pages, slots);
@@ -299,7 +331,10 @@ impl DeviceHeap {
     /// pages that slots and lists still hold (the core's `scavenge`, run
     /// on a host copy of the metadata), then unmaps whole growth steps
     /// from the end while none of their pages is in use, and lowers the
-    /// page limit. Returns the bytes mapped afterwards. A fixed heap keeps
+    /// page limit. Returns the bytes mapped afterwards. The memory goes
+    /// back to the device, or, for a heap in a shared [`Reservation`]
+    /// ([`DeviceHeap::growable_in`]), to its bank, where the reservation's
+    /// pool and heaps map it first when they grow. A fixed heap keeps
     /// its memory. Growth maps the range again later, blocks keep their
     /// addresses, and a step that holds one live block stays.
     ///

@@ -17,7 +17,9 @@
 //!    ([`backend::HostBackend`]).
 //! 5. [`vmm`], [`reclaim`], [`stream_pool`]: the host pool ([`Pool`]):
 //!    a reserved address range mapped as it grows, pooled events, and
-//!    stream-ordered allocation with per-stream caches.
+//!    stream-ordered allocation with per-stream caches. A [`Reservation`]
+//!    shared by a pool and growable device heaps lets them map the
+//!    physical memory the others gave back.
 //! 6. [`trace`]: a logging adaptor over any resource and a reader of
 //!    traces in RAPIDS RMM's CSV format.
 //!
@@ -48,3 +50,4 @@ pub use error::{Error, Result};
 pub use growth::{GrowthService, GrowthStats};
 pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};
 pub use trace::{read_trace, Logged, Resource, TraceEvent};
+pub use vmm::{Part, Reservation, ReservationStats};

@@ -1,30 +1,251 @@
-//! A range of device address space with physical memory mapped behind a
-//! growing prefix of it, chunk by chunk, and unmapped from the end when
-//! trimmed: a slab that grows in place, so addresses never move. Works
-//! on any [`Backend`]; [`VmmRegion`] is the one on the CUDA driver.
+//! Device address space and the physical memory mapped into it.
+//!
+//! A [`Reservation`] is one range of reserved address space on a device.
+//! [`Region`]s are carved from it: each is a slab that grows in place
+//! (physical memory mapped behind a growing prefix, chunk by chunk or a
+//! step at once) and shrinks from the end, so addresses never move. A
+//! host [`Pool`](crate::Pool) and growable
+//! [`DeviceHeap`](crate::DeviceHeap)s can share one reservation
+//! ([`Reservation::shared`]): physical memory one of them unmaps is kept
+//! in the reservation's *bank* and mapped again by whichever grows next,
+//! before any new memory is created, so memory a kernel freed serves a
+//! host allocation and the reverse; [`Reservation::release`] (and a
+//! pool's trim) gives the bank back to the device. A region made on its
+//! own ([`Region::with_backend`]) has a reservation of its own, which
+//! releases unmapped memory at once. Works on any [`Backend`];
+//! [`VmmRegion`] is the one on the CUDA driver.
 
 use crate::backend::Backend;
 use crate::driver::CudaBackend;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaContext;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A region on the CUDA driver.
 pub type VmmRegion = Region<CudaBackend>;
 
-/// Reserved address space with the first `mapped()` bytes mapped.
+/// Who maps a region: the statistics of a reservation count each apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// A host pool.
+    Pool,
+    /// A device heap.
+    DeviceHeap,
+}
+
+/// One range of reserved address space, the regions carved from it, and
+/// the physical memory they gave back (the bank).
+pub struct Reservation<B: Backend = CudaBackend> {
+    backend: B,
+    base: u64,
+    reserved: usize,
+    /// Whether unmapped memory is banked for reuse (else released).
+    banks: bool,
+    state: Mutex<Bank<B>>,
+    /// Bytes mapped by regions, by [`Part`].
+    mapped: [AtomicUsize; 2],
+    created: AtomicUsize,
+    reused: AtomicUsize,
+    released: AtomicUsize,
+}
+
+/// The mutable part of a [`Reservation`].
+struct Bank<B: Backend> {
+    /// Offset of the first byte not carved yet.
+    next: usize,
+    /// Physical memory given back by a region: `(length, memory)`.
+    kept: Vec<(usize, B::Memory)>,
+    bytes: usize,
+}
+
+/// A snapshot of a [`Reservation`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReservationStats {
+    /// Address space reserved.
+    pub reserved: usize,
+    /// Address space carved into regions so far.
+    pub carved: usize,
+    /// Physical memory mapped by pools.
+    pub pool_mapped: usize,
+    /// Physical memory mapped by device heaps.
+    pub heap_mapped: usize,
+    /// Physical memory unmapped by a region and kept for the next to grow.
+    pub banked: usize,
+    /// Bytes of physical memory created so far.
+    pub created: usize,
+    /// Bytes mapped from the bank instead of created.
+    pub reused: usize,
+    /// Bytes of banked memory given back to the device.
+    pub released: usize,
+}
+
+impl Reservation<CudaBackend> {
+    /// A reservation of `bytes` of address space on `ctx`'s device whose
+    /// regions share their physical memory (see [`Reservation::shared`]).
+    pub fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Arc<Reservation>> {
+        Reservation::shared(CudaBackend::new(ctx), bytes)
+    }
+}
+
+impl<B: Backend> Reservation<B> {
+    /// Reserves `bytes` of address space (rounded up to the backend's
+    /// granularity) for regions that share physical memory: what one
+    /// unmaps is banked, and the next region to grow maps it before it
+    /// creates any. Address space is cheap: reserve generously (a
+    /// region's range is carved once and not reused after it is dropped).
+    pub fn shared(backend: B, bytes: usize) -> Result<Arc<Reservation<B>>> {
+        Reservation::make(backend, bytes, true).map(Arc::new)
+    }
+
+    fn make(backend: B, bytes: usize, banks: bool) -> Result<Reservation<B>> {
+        let align = backend.granularity()?.max(1);
+        let reserved = bytes
+            .max(align)
+            .checked_next_multiple_of(align)
+            .ok_or_else(|| Error::InvalidArgument(format!("reservation of {bytes} bytes")))?;
+        let base = backend.reserve(reserved, align)?;
+        Ok(Reservation {
+            backend,
+            base,
+            reserved,
+            banks,
+            state: Mutex::new(Bank {
+                next: 0,
+                kept: Vec::new(),
+                bytes: 0,
+            }),
+            mapped: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            created: AtomicUsize::new(0),
+            reused: AtomicUsize::new(0),
+            released: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Bank<B>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Carves `bytes` (whole `align` units, `align` a multiple of the
+    /// granularity) from the unused end: the offset.
+    fn carve(&self, bytes: usize, align: usize) -> Result<usize> {
+        let mut b = self.lock();
+        let at = b.next.next_multiple_of(align);
+        if at.checked_add(bytes).is_none_or(|end| end > self.reserved) {
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                reserved: self.reserved - b.next.min(self.reserved),
+                free: self.backend.free_memory(),
+            });
+        }
+        b.next = at + bytes;
+        Ok(at)
+    }
+
+    /// Physical memory for a region that wants `min` bytes and has room
+    /// for `max`: the smallest banked piece of `min..=max` bytes, else the
+    /// largest one shorter than `min` (the region maps more after it),
+    /// else `min` bytes created. Returns its length.
+    fn take(&self, min: usize, max: usize) -> Result<(usize, B::Memory)> {
+        {
+            let mut b = self.lock();
+            let fits = (b.kept.iter().enumerate())
+                .filter(|(_, (len, _))| (min..=max).contains(len))
+                .min_by_key(|(_, (len, _))| *len);
+            let part = (b.kept.iter().enumerate())
+                .filter(|(_, (len, _))| *len < min)
+                .max_by_key(|(_, (len, _))| *len);
+            if let Some(i) = fits.or(part).map(|(i, _)| i) {
+                let (len, memory) = b.kept.swap_remove(i);
+                b.bytes -= len;
+                self.reused.fetch_add(len, Ordering::Relaxed);
+                return Ok((len, memory));
+            }
+        }
+        let memory = self.backend.create(min)?;
+        self.created.fetch_add(min, Ordering::Relaxed);
+        Ok((min, memory))
+    }
+
+    /// Memory a region unmapped: banked, or released at once.
+    fn give(&self, len: usize, memory: B::Memory) {
+        if self.banks {
+            let mut b = self.lock();
+            b.kept.push((len, memory));
+            b.bytes += len;
+        } else {
+            self.released.fetch_add(len, Ordering::Relaxed);
+            drop(memory);
+        }
+    }
+
+    fn note(&self, part: Part, mapped: isize) {
+        let c = &self.mapped[part as usize];
+        if mapped >= 0 {
+            c.fetch_add(mapped as usize, Ordering::Relaxed);
+        } else {
+            c.fetch_sub(mapped.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// Gives the banked memory back to the device; returns its bytes.
+    pub fn release(&self) -> usize {
+        let kept = {
+            let mut b = self.lock();
+            b.bytes = 0;
+            std::mem::take(&mut b.kept)
+        };
+        let bytes = kept.iter().map(|k| k.0).sum();
+        self.released.fetch_add(bytes, Ordering::Relaxed);
+        drop(kept); // outside the lock: releasing calls the driver
+        bytes
+    }
+
+    pub fn stats(&self) -> ReservationStats {
+        let b = self.lock();
+        ReservationStats {
+            reserved: self.reserved,
+            carved: b.next,
+            pool_mapped: self.mapped[Part::Pool as usize].load(Ordering::Relaxed),
+            heap_mapped: self.mapped[Part::DeviceHeap as usize].load(Ordering::Relaxed),
+            banked: b.bytes,
+            created: self.created.load(Ordering::Relaxed),
+            reused: self.reused.load(Ordering::Relaxed),
+            released: self.released.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl<B: Backend> Drop for Reservation<B> {
+    fn drop(&mut self) {
+        // Every region holds the reservation: none is left, so nothing is
+        // mapped. The bank goes with it.
+        self.release();
+        // SAFETY: the range came from `reserve` and nothing is mapped in it.
+        unsafe { self.backend.unreserve(self.base, self.reserved) };
+    }
+}
+
+/// Reserved address space (carved from a [`Reservation`]) with the first
+/// `mapped()` bytes mapped.
 pub struct Region<B: Backend> {
+    res: Arc<Reservation<B>>,
+    part: Part,
     base: u64,
     reserved: usize,
     chunk: usize,
     mapped: Mutex<Extents<B>>,
-    backend: B,
 }
 
 /// The mappings of a region, in address order from its base.
 struct Extents<B: Backend> {
     /// Invariant: extent `i`, `(len, memory)`, is mapped to `memory` at
-    /// `base` plus the lengths before it; lengths are whole chunks.
+    /// `base` plus the lengths before it; lengths are whole granules of
+    /// the backend (whole chunks, unless the memory came from the bank).
     list: Vec<(usize, B::Memory)>,
     /// The sum of the lengths.
     bytes: usize,
@@ -40,29 +261,59 @@ impl VmmRegion {
 impl<B: Backend> Region<B> {
     /// Reserves `reserve` bytes of address space; maps nothing yet.
     /// `chunk` (rounded up to the backend's granularity) is the mapping
-    /// unit; the reservation is a whole number of chunks.
+    /// unit; the reservation is a whole number of chunks and the region's
+    /// own: memory it unmaps is released at once.
     pub fn with_backend(backend: B, reserve: usize, chunk: usize) -> Result<Region<B>> {
+        let (chunk, len) = Region::<B>::sizes(&backend, reserve, chunk)?;
+        let res = Arc::new(Reservation::make(backend, len, false)?);
+        Region::carve(&res, Part::Pool, len, chunk)
+    }
+
+    /// A region of `reserve` bytes (whole chunks of `chunk`, rounded up to
+    /// the granularity) carved from `res`, mapped by `part`.
+    pub fn within(
+        res: &Arc<Reservation<B>>,
+        part: Part,
+        reserve: usize,
+        chunk: usize,
+    ) -> Result<Region<B>> {
+        let (chunk, len) = Region::<B>::sizes(&res.backend, reserve, chunk)?;
+        Region::carve(res, part, len, chunk)
+    }
+
+    /// The chunk and the length of a region of `reserve` bytes.
+    fn sizes(backend: &B, reserve: usize, chunk: usize) -> Result<(usize, usize)> {
         let gran = backend.granularity()?.max(1);
         let too_big = || Error::InvalidArgument(format!("reservation of {reserve} bytes"));
         let chunk = chunk
             .max(gran)
             .checked_next_multiple_of(gran)
             .ok_or_else(too_big)?;
-        let reserved = reserve
+        let len = reserve
             .max(chunk)
             .checked_next_multiple_of(chunk)
             .ok_or_else(too_big)?;
-        let base = backend.reserve(reserved, chunk)?;
+        Ok((chunk, len))
+    }
+
+    fn carve(res: &Arc<Reservation<B>>, part: Part, len: usize, chunk: usize) -> Result<Region<B>> {
+        let at = res.carve(len, chunk)?;
         Ok(Region {
-            base,
-            reserved,
+            res: res.clone(),
+            part,
+            base: res.base + at as u64,
+            reserved: len,
             chunk,
             mapped: Mutex::new(Extents {
                 list: Vec::new(),
                 bytes: 0,
             }),
-            backend,
         })
+    }
+
+    /// The reservation this region was carved from.
+    pub fn reservation(&self) -> &Arc<Reservation<B>> {
+        &self.res
     }
 
     pub fn base(&self) -> u64 {
@@ -78,7 +329,7 @@ impl<B: Backend> Region<B> {
     }
 
     pub fn backend(&self) -> &B {
-        &self.backend
+        &self.res.backend
     }
 
     /// Bytes with physical memory behind them (from `base`).
@@ -103,18 +354,19 @@ impl<B: Backend> Region<B> {
         Ok(m.bytes)
     }
 
-    /// Maps what is missing up to `bytes` (whole chunks) as one mapping:
-    /// one `create`, one `map` and one `set_access`, whatever the size, so
-    /// a large step costs about what a chunk does. It shrinks only as a
-    /// whole. Returns the mapped size; errors as [`Region::grow_to`]
-    /// (nothing of this step stays mapped after a failure).
+    /// Maps what is missing up to `bytes` (whole chunks) as one mapping
+    /// of new memory: one `create`, one `map` and one `set_access`,
+    /// whatever the size, so a large step costs about what a chunk does
+    /// (it shrinks only as a whole). Banked memory of a shared
+    /// reservation goes first, one mapping per piece. Returns the mapped
+    /// size; errors as [`Region::grow_to`] (banked pieces mapped before a
+    /// failure stay mapped).
     pub fn grow_at_once(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
         self.check_fits(bytes)?;
-        if m.bytes < bytes {
-            let len = (bytes - m.bytes)
-                .next_multiple_of(self.chunk)
-                .min(self.reserved - m.bytes);
+        // One mapping of new memory; banked pieces, one mapping each.
+        while m.bytes < bytes {
+            let len = (bytes - m.bytes).next_multiple_of(self.chunk);
             self.map_extent(&mut m, len)?;
         }
         Ok(m.bytes)
@@ -131,28 +383,41 @@ impl<B: Backend> Region<B> {
         Ok(())
     }
 
-    /// Maps `len` bytes (whole chunks) of new memory at the mapped end.
+    /// Maps memory at the mapped end: a banked piece (which may be
+    /// shorter or longer than `len`, within the range), else `len` bytes
+    /// (whole granules; at most the rest of the range) of new memory.
     fn map_extent(&self, m: &mut Extents<B>, len: usize) -> Result<()> {
         let at = self.base + m.bytes as u64;
-        let memory = self.backend.create(len).map_err(|e| match e {
-            Error::OutOfMemory { requested, .. } => Error::OutOfMemory {
-                requested,
-                reserved: m.bytes,
-                free: self.backend.free_memory(),
-            },
-            e => e,
-        })?;
-        // SAFETY: `at..at + len` is inside the reservation (callers check)
-        // and past every mapped extent (the invariant on `Extents`).
-        unsafe { self.backend.map(at, len, &memory) }?;
+        let len = len.min(self.reserved - m.bytes);
+        let backend = &self.res.backend;
+        let (len, memory) = self
+            .res
+            .take(len, self.reserved - m.bytes)
+            .map_err(|e| match e {
+                Error::OutOfMemory { requested, .. } => Error::OutOfMemory {
+                    requested,
+                    reserved: m.bytes,
+                    free: backend.free_memory(),
+                },
+                e => e,
+            })?;
+        // SAFETY: `at..at + len` is inside the region (callers check `len`,
+        // `take` keeps to the rest of the range) and past every mapped
+        // extent (the invariant on `Extents`).
+        if let Err(e) = unsafe { backend.map(at, len, &memory) } {
+            self.res.give(len, memory);
+            return Err(e);
+        }
         // SAFETY: just mapped.
-        if let Err(e) = unsafe { self.backend.set_access(at, len) } {
+        if let Err(e) = unsafe { backend.set_access(at, len) } {
             // SAFETY: mapped above, used by nothing yet.
-            let _ = unsafe { self.backend.unmap(at, len) };
+            let _ = unsafe { backend.unmap(at, len) };
+            self.res.give(len, memory);
             return Err(e);
         }
         m.list.push((len, memory));
         m.bytes += len;
+        self.res.note(self.part, len as isize);
         Ok(())
     }
 
@@ -178,9 +443,11 @@ impl<B: Backend> Region<B> {
             let at = self.base + (m.bytes - len) as u64;
             // SAFETY: the last extent is one mapping (the invariant on
             // `Extents`) past `bytes`; the caller guarantees nothing uses it.
-            unsafe { self.backend.unmap(at, len) }?;
-            m.list.pop(); // releases its memory
+            unsafe { self.res.backend.unmap(at, len) }?;
+            let (len, memory) = m.list.pop().expect("the last extent");
             m.bytes -= len;
+            self.res.note(self.part, -(len as isize));
+            self.res.give(len, memory); // banked, or released
         }
         Ok(m.bytes)
     }
@@ -190,13 +457,12 @@ impl<B: Backend> Drop for Region<B> {
     fn drop(&mut self) {
         // Errors cannot leave drop; whatever fails here leaks. Work still
         // queued may use the memory: wait for the device first.
-        let _ = self.backend.synchronize_device();
+        let _ = self.res.backend.synchronize_device();
         // SAFETY: nothing runs on the device any more, and the owner drops
-        // the region only once no block of it is handed out.
-        if unsafe { self.shrink_to(0) }.is_ok() {
-            // SAFETY: the range came from `reserve` and is unmapped.
-            unsafe { self.backend.unreserve(self.base, self.reserved) };
-        }
+        // the region only once no block of it is handed out. The memory
+        // goes to the bank (or is released); the reservation goes with its
+        // last region.
+        let _ = unsafe { self.shrink_to(0) };
     }
 }
 

@@ -42,7 +42,7 @@ use crate::backend::Backend;
 use crate::driver::CudaBackend;
 use crate::error::{Error, Result};
 use crate::reclaim::EventPool;
-use crate::vmm::Region;
+use crate::vmm::{Part, Region, Reservation};
 use cache::{hinted, remember, thread_slot, Cache, Key, StreamCache, ALLOCS, CROSS, FREES, SAME};
 use cudarc::driver::CudaContext;
 use cuheap_core::size_class::PAGE_SIZE;
@@ -180,24 +180,50 @@ impl Pool<CudaBackend> {
     }
 }
 
+impl Pool<CudaBackend> {
+    /// A pool on `res`'s device whose memory comes from `res` (see
+    /// [`Pool::in_reservation`]).
+    pub fn shared(res: &Arc<Reservation>, cfg: PoolConfig) -> Result<Pool> {
+        Pool::in_reservation(res, cfg)
+    }
+}
+
 impl<B: Backend> Pool<B> {
-    /// A pool on `backend`.
+    /// A pool on `backend`, with an address range of its own.
     pub fn with_backend(backend: B, cfg: PoolConfig) -> Result<Pool<B>> {
+        let chunk = Pool::<B>::chunk_of(&cfg)?;
+        Pool::on_region(Region::with_backend(backend, cfg.reserve, chunk)?, cfg)
+    }
+
+    /// A pool whose address range (`cfg.reserve` bytes) is carved from
+    /// `res` and whose physical memory is `res`'s: what device heaps of
+    /// the same reservation gave back is mapped before new memory is
+    /// created, and the memory this pool trims is banked for them (the
+    /// reservation gives its bank back to the device on
+    /// [`Reservation::release`]). [`PoolStats`] counts the device heaps'
+    /// memory and the bank too.
+    pub fn in_reservation(res: &Arc<Reservation<B>>, cfg: PoolConfig) -> Result<Pool<B>> {
+        let chunk = Pool::<B>::chunk_of(&cfg)?;
+        Pool::on_region(Region::within(res, Part::Pool, cfg.reserve, chunk)?, cfg)
+    }
+
+    /// Whole pages per chunk: the heap needs a page-aligned base, and a
+    /// region is chunk-aligned.
+    fn chunk_of(cfg: &PoolConfig) -> Result<usize> {
         if cfg.reserve < PAGE_SIZE {
             return Err(Error::InvalidArgument(format!(
                 "pool reserve of {} bytes",
                 cfg.reserve
             )));
         }
-        // Whole pages per chunk: the heap needs a page-aligned base, and the
-        // reservation is chunk-aligned.
-        let chunk = cfg
-            .chunk
+        cfg.chunk
             .max(1)
             .checked_next_multiple_of(PAGE_SIZE)
-            .ok_or_else(|| Error::InvalidArgument(format!("pool chunk of {} bytes", cfg.chunk)))?;
-        let region = Region::with_backend(backend, cfg.reserve, chunk)?;
-        if region.base() % PAGE_SIZE as u64 != 0 {
+            .ok_or_else(|| Error::InvalidArgument(format!("pool chunk of {} bytes", cfg.chunk)))
+    }
+
+    fn on_region(region: Region<B>, cfg: PoolConfig) -> Result<Pool<B>> {
+        if !region.base().is_multiple_of(PAGE_SIZE as u64) {
             return Err(Error::InvalidArgument(format!(
                 "reservation at {:#x} is not {PAGE_SIZE}-byte aligned",
                 region.base()
@@ -892,11 +918,13 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Waits for every stream, returns all caches to the heap and unmaps
-    /// physical memory from the end until at most `keep` bytes stay mapped
-    /// (at least one chunk). Memory in use is never unmapped: each chunk is
-    /// first fenced in the page map, which fails if any of its pages is in
-    /// use, so no allocation can take a page of it while it goes. Returns
-    /// the bytes mapped afterwards.
+    /// physical memory from the end, a mapping at a time, until at most
+    /// `keep` bytes stay mapped (at least the first mapping). Memory in
+    /// use is never unmapped: each mapping is first fenced in the page
+    /// map, which fails if any of its pages is in use, so no allocation
+    /// can take a page of it while it goes. The memory goes back to the
+    /// device, or, in a shared [`Reservation`] ([`Pool::in_reservation`]),
+    /// to its bank. Returns the bytes mapped afterwards.
     ///
     /// # Time complexity
     ///
@@ -909,17 +937,19 @@ impl<B: Backend> Pool<B> {
         let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
         let chunk = self.region.chunk();
         let mut mapped = self.region.mapped();
-        while mapped > keep.max(chunk) {
-            let (from, to) = (
-                ((mapped - chunk) / PAGE_SIZE) as u32,
-                (mapped / PAGE_SIZE) as u32,
-            );
-            if !heap.fence(from, to) {
-                break; // a page of the last chunk is in use
+        // Whole mappings from the end (a chunk each, or a piece of the
+        // bank), the first one kept.
+        while let Some((start, _)) = self.region.last_extent() {
+            if mapped <= keep.max(chunk) || start == 0 {
+                break;
             }
-            // SAFETY: every page of the chunk is fenced: none is in use
+            let (from, to) = ((start / PAGE_SIZE) as u32, (mapped / PAGE_SIZE) as u32);
+            if !heap.fence(from, to) {
+                break; // a page of the last mapping is in use
+            }
+            // SAFETY: every page of the mapping is fenced: none is in use
             // and none can be handed out (the invariant `fence` gives).
-            match unsafe { self.region.shrink_to(mapped - chunk) } {
+            match unsafe { self.region.shrink_to(start) } {
                 Ok(m) => mapped = m,
                 Err(e) => {
                     // SAFETY: fenced just above by this trim, under `grow_lock`.

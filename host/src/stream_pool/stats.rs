@@ -33,6 +33,13 @@ pub struct PoolStats {
     pub retires: u64,
     pub flushes: u64,
     pub bad_frees: u64,
+    /// Physical memory mapped by the device heaps of the pool's
+    /// reservation (0 unless it shares one, see
+    /// [`Pool::in_reservation`](super::Pool::in_reservation)).
+    pub device_heap_mapped: usize,
+    /// Physical memory of the pool's reservation that the pool or a
+    /// device heap gave back, kept for the next of them to grow.
+    pub banked: usize,
 }
 
 impl PoolStats {
@@ -97,8 +104,11 @@ impl<B: Backend> Pool<B> {
             .forgotten_counts
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        let shared = self.region.reservation().stats();
         let stats = PoolStats {
             reserved: self.region.mapped(),
+            device_heap_mapped: shared.heap_mapped,
+            banked: shared.banked,
             in_use,
             peak_in_use: self.peak.load(Ordering::Relaxed).max(in_use),
             cached_per_stream,

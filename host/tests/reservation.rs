@@ -1,0 +1,193 @@
+//! One reservation shared by a pool and a device heap's range, over
+//! [`HostBackend`] (host memory standing in for the device, unmapped
+//! memory poisoned): memory one side gives back serves the other without
+//! new memory, contents stay where they were written, nothing is lost,
+//! and the bank goes back to the device. No GPU needed.
+
+use cuheap_host::vmm::Region;
+use cuheap_host::{HostBackend, HostStream, Part, Pool, PoolConfig, Reservation};
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+/// A shared reservation of 8 GiB over a backend with 2 MiB granules and
+/// 256 MiB of physical memory.
+fn reservation() -> Arc<Reservation<HostBackend>> {
+    Reservation::shared(HostBackend::new(2 * MIB, 256 * MIB), 8 << 30).unwrap()
+}
+
+fn pool_in(res: &Arc<Reservation<HostBackend>>) -> Pool<HostBackend> {
+    let cfg = PoolConfig {
+        initial: 32 * MIB,
+        chunk: 32 * MIB,
+        ..PoolConfig::new(1 << 30)
+    };
+    Pool::in_reservation(res, cfg).unwrap()
+}
+
+/// The range of a device heap (what `DeviceHeap::growable_in` carves).
+fn heap_in(res: &Arc<Reservation<HostBackend>>, bytes: usize) -> Region<HostBackend> {
+    Region::within(res, Part::DeviceHeap, bytes, 2 * MIB).unwrap()
+}
+
+/// Writes a pattern of `seed` over `len` bytes at `at`, reads it back.
+fn fill_and_check(b: &HostBackend, at: u64, len: usize, seed: u8) {
+    let bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect();
+    b.write(at, &bytes).unwrap();
+    let mut got = vec![0u8; len];
+    b.read(at, &mut got).unwrap();
+    assert!(got == bytes, "memory at {at:#x} lost what was written");
+}
+
+#[test]
+fn memory_a_heap_gives_back_serves_the_pool_and_the_reverse() {
+    let res = reservation();
+    let heap = heap_in(&res, 1 << 30);
+    assert_eq!(heap.grow_at_once(96 * MIB).unwrap(), 96 * MIB);
+    fill_and_check(res.backend(), heap.base(), 96 * MIB, 1);
+    let pool = pool_in(&res);
+    let s = res.stats();
+    assert_eq!((s.heap_mapped, s.pool_mapped), (96 * MIB, 32 * MIB));
+    assert_eq!((s.created, s.reused, s.banked), (128 * MIB, 0, 0));
+
+    // The heap gives its step back (as `DeviceHeap::trim` does): banked,
+    // not released; the pool sees it.
+    // SAFETY: nothing uses host-backed test memory.
+    assert_eq!(unsafe { heap.shrink_to(0) }.unwrap(), 0);
+    assert_eq!(res.backend().physical(), 128 * MIB);
+    let ps = pool.stats();
+    assert_eq!((ps.banked, ps.device_heap_mapped), (96 * MIB, 0));
+
+    // A host allocation larger than the pool's memory maps the banked
+    // piece: no new memory.
+    let stream = HostStream::new();
+    let p = pool.alloc(64 * MIB, &stream).unwrap();
+    fill_and_check(res.backend(), p, 64 * MIB, 2);
+    let s = res.stats();
+    assert_eq!((s.created, s.reused, s.banked), (128 * MIB, 96 * MIB, 0));
+    assert_eq!(s.pool_mapped, 128 * MIB);
+    assert_eq!(res.backend().physical(), 128 * MIB);
+
+    // The reverse: the pool frees and trims, the heap grows into what it
+    // gave back.
+    pool.free(p, &stream).unwrap();
+    assert_eq!(pool.trim(0).unwrap(), 32 * MIB, "the first mapping stays");
+    assert_eq!(pool.stats().banked, 96 * MIB);
+    assert_eq!(heap.grow_at_once(64 * MIB).unwrap(), 96 * MIB);
+    fill_and_check(res.backend(), heap.base(), 96 * MIB, 3);
+    let s = res.stats();
+    assert_eq!((s.created, s.reused, s.banked), (128 * MIB, 192 * MIB, 0));
+    assert_eq!(pool.stats().device_heap_mapped, 96 * MIB);
+
+    // Everything back: the heap's step to the bank, the bank to the device.
+    // SAFETY: as above.
+    unsafe { heap.shrink_to(0) }.unwrap();
+    assert_eq!(res.release(), 96 * MIB);
+    assert_eq!(res.backend().physical(), 32 * MIB, "the pool's first chunk");
+    drop(pool);
+    drop(heap);
+    assert_eq!(
+        res.release(),
+        32 * MIB,
+        "a dropped region's memory is banked"
+    );
+    assert_eq!(res.backend().physical(), 0);
+    assert_eq!(res.stats().released, 128 * MIB);
+}
+
+#[test]
+fn a_step_is_made_of_banked_pieces_before_new_memory() {
+    let res = reservation();
+    let pool = pool_in(&res);
+    let stream = HostStream::new();
+    // The pool grows by a few chunks, then trims them: each is a piece of
+    // the bank.
+    let p = pool.alloc(80 * MIB, &stream).unwrap();
+    pool.free(p, &stream).unwrap();
+    let mapped = pool.stats().reserved;
+    assert!(mapped >= 96 * MIB, "{mapped}");
+    pool.trim(0).unwrap();
+    let banked = res.stats().banked;
+    assert_eq!(banked, mapped - 32 * MIB);
+    // A heap step larger than any piece maps them all, then new memory
+    // for the rest: one mapping each.
+    let heap = heap_in(&res, 1 << 30);
+    let created = res.stats().created;
+    let want = banked + 10 * MIB;
+    let got = heap.grow_at_once(want).unwrap();
+    assert!(got >= want, "{got} < {want}");
+    fill_and_check(res.backend(), heap.base(), got, 4);
+    let s = res.stats();
+    assert_eq!(s.banked, 0);
+    assert_eq!(s.reused, banked);
+    assert_eq!(
+        s.created - created,
+        got - banked,
+        "new memory only for the rest"
+    );
+    assert_eq!(s.heap_mapped, got);
+}
+
+#[test]
+fn a_piece_longer_than_the_range_left_stays_banked() {
+    let res = reservation();
+    let big = heap_in(&res, 1 << 30);
+    big.grow_at_once(96 * MIB).unwrap();
+    // SAFETY: nothing uses host-backed test memory.
+    unsafe { big.shrink_to(0) }.unwrap();
+    let small = heap_in(&res, 64 * MIB);
+    assert_eq!(small.grow_at_once(64 * MIB).unwrap(), 64 * MIB);
+    let s = res.stats();
+    assert_eq!(
+        (s.banked, s.reused),
+        (96 * MIB, 0),
+        "a 96 MiB piece in 64 MiB"
+    );
+    assert_eq!(s.created, 160 * MIB);
+}
+
+#[test]
+fn the_pool_trims_a_banked_piece_whole_and_never_while_in_use() {
+    let res = reservation();
+    let pool = pool_in(&res);
+    let heap = heap_in(&res, 1 << 30);
+    heap.grow_at_once(96 * MIB).unwrap();
+    // SAFETY: nothing uses host-backed test memory.
+    unsafe { heap.shrink_to(0) }.unwrap();
+    let stream = HostStream::new();
+    // Two blocks: the second lies in the 96 MiB piece the pool maps.
+    let a = pool.alloc(16 * MIB, &stream).unwrap();
+    let b = pool.alloc(48 * MIB, &stream).unwrap();
+    assert_eq!(pool.stats().reserved, 128 * MIB);
+    pool.free(a, &stream).unwrap();
+    assert_eq!(
+        pool.trim(0).unwrap(),
+        128 * MIB,
+        "a live block holds the piece"
+    );
+    fill_and_check(res.backend(), b, 48 * MIB, 5);
+    pool.free(b, &stream).unwrap();
+    assert_eq!(pool.trim(0).unwrap(), 32 * MIB);
+    assert_eq!(res.stats().banked, 96 * MIB);
+}
+
+#[test]
+fn a_region_of_its_own_releases_what_it_unmaps() {
+    let backend = HostBackend::new(2 * MIB, 256 * MIB);
+    let r = Region::with_backend(backend, 1 << 30, 2 * MIB).unwrap();
+    r.grow_at_once(64 * MIB).unwrap();
+    assert_eq!(r.backend().physical(), 64 * MIB);
+    // SAFETY: nothing uses host-backed test memory.
+    unsafe { r.shrink_to(0) }.unwrap();
+    assert_eq!(r.backend().physical(), 0);
+    assert_eq!(r.reservation().stats().banked, 0);
+}
+
+#[test]
+fn a_full_reservation_refuses_new_regions() {
+    let res = Reservation::shared(HostBackend::new(2 * MIB, 256 * MIB), 64 * MIB).unwrap();
+    let _a = heap_in(&res, 48 * MIB);
+    assert!(Region::within(&res, Part::DeviceHeap, 32 * MIB, 2 * MIB).is_err());
+    assert!(Region::within(&res, Part::DeviceHeap, 16 * MIB, 2 * MIB).is_ok());
+    assert_eq!(res.stats().carved, 64 * MIB);
+}
