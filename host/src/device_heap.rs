@@ -140,8 +140,9 @@ impl DeviceHeap {
         Ok(heap)
     }
 
-    /// Maps memory until `bytes` are usable (one mapping, whatever the
-    /// step) and writes the new page limit (on the heap's own
+    /// Maps memory until `bytes` are usable (one mapping of new memory,
+    /// whatever the step; banked pieces of a shared reservation first) and
+    /// writes the new page limit (on the heap's own
     /// non-blocking stream); launches after this call use the new pages,
     /// and so do running kernels that look for a fresh page. Returns the
     /// usable bytes. Fixed heaps cannot grow.
@@ -367,6 +368,7 @@ impl DeviceHeap {
             let heap = unsafe { Heap::<u32>::from_handle(&host) };
             heap.scavenge();
             let region = &g.region;
+            let mut failed = Ok(());
             while let Some((start, len)) = region.last_extent() {
                 let (from, to) = (
                     (start / PAGE_SIZE) as u32,
@@ -377,10 +379,15 @@ impl DeviceHeap {
                 }
                 // SAFETY: no page of the step is in use (the page map, after
                 // the scavenge) and no kernel runs (the caller's contract);
-                // the lowered limit below keeps later claims out of it.
-                unsafe { region.shrink_to(start) }?;
-                heap.set_limit(from);
+                // the limit written below keeps later claims out of it.
+                if let Err(e) = unsafe { region.shrink_to(start) } {
+                    failed = Err(e);
+                    break;
+                }
             }
+            // The limit is what is mapped now: lowered past what went, and
+            // raised over memory a failed step mapped but did not publish.
+            heap.set_limit((region.mapped() / PAGE_SIZE) as u32);
             // Asks from before stand above the new limit: drop them, or
             // they would keep new asks from ringing (see `restore`).
             let c = heap.counters();
@@ -393,7 +400,7 @@ impl DeviceHeap {
             // SAFETY: plain bytes.
             let bytes = unsafe { as_bytes_mut(&mut meta) };
             self.meta.write(0, &bytes[..self.layout.meta_bytes])?;
-            Ok(region.mapped())
+            failed.map(|()| region.mapped())
         })
     }
 

@@ -3,7 +3,8 @@
 //! A growable heap's data is a [`VmmRegion`]: reserved address space with
 //! memory mapped behind a prefix. [`Grower::grow`] maps a step (one
 //! `cuMemCreate`, one `cuMemMap`, one `cuMemSetAccess`, whatever its
-//! size) and then writes the heap's page limit in device memory.
+//! size; in a shared reservation, banked pieces first, one mapping each)
+//! and then writes the heap's page limit in device memory.
 //!
 //! While kernels run, a [`GrowthService`] thread answers their requests
 //! (the protocol is in `cuheap_core`'s `heap::grow`): a thread of a kernel

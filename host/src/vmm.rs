@@ -9,8 +9,9 @@
 //! ([`Reservation::shared`]): physical memory one of them unmaps is kept
 //! in the reservation's *bank* and mapped again by whichever grows next,
 //! before any new memory is created, so memory a kernel freed serves a
-//! host allocation and the reverse; [`Reservation::release`] (and a
-//! pool's trim) gives the bank back to the device. A region made on its
+//! host allocation and the reverse; [`Reservation::release`] gives the
+//! bank back to the device (so does running out of device memory while
+//! the bank holds pieces too long to use). A region made on its
 //! own ([`Region::with_backend`]) has a reservation of its own, which
 //! releases unmapped memory at once. Works on any [`Backend`];
 //! [`VmmRegion`] is the one on the CUDA driver.
@@ -19,6 +20,7 @@ use crate::backend::Backend;
 use crate::driver::CudaBackend;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaContext;
+use cuheap_core::PAGE_SIZE;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -149,8 +151,11 @@ impl<B: Backend> Reservation<B> {
     /// Physical memory for a region that wants `min` bytes and has room
     /// for `max`: the smallest banked piece of `min..=max` bytes, else the
     /// largest one shorter than `min` (the region maps more after it),
-    /// else `min` bytes created. Returns its length.
-    fn take(&self, min: usize, max: usize) -> Result<(usize, B::Memory)> {
+    /// else `min` bytes created. When the device is out of memory while
+    /// the bank holds pieces none of which fits, they are released and the
+    /// creation tried again. Returns the length and whether the memory
+    /// came from the bank.
+    fn take(&self, min: usize, max: usize) -> Result<(usize, B::Memory, bool)> {
         {
             let mut b = self.lock();
             let fits = (b.kept.iter().enumerate())
@@ -162,13 +167,15 @@ impl<B: Backend> Reservation<B> {
             if let Some(i) = fits.or(part).map(|(i, _)| i) {
                 let (len, memory) = b.kept.swap_remove(i);
                 b.bytes -= len;
-                self.reused.fetch_add(len, Ordering::Relaxed);
-                return Ok((len, memory));
+                return Ok((len, memory, true));
             }
         }
-        let memory = self.backend.create(min)?;
+        let memory = match self.backend.create(min) {
+            Err(Error::OutOfMemory { .. }) if self.release() > 0 => self.backend.create(min)?,
+            r => r?,
+        };
         self.created.fetch_add(min, Ordering::Relaxed);
-        Ok((min, memory))
+        Ok((min, memory, false))
     }
 
     /// Memory a region unmapped: banked, or released at once.
@@ -222,11 +229,16 @@ impl<B: Backend> Reservation<B> {
 
 impl<B: Backend> Drop for Reservation<B> {
     fn drop(&mut self) {
-        // Every region holds the reservation: none is left, so nothing is
-        // mapped. The bank goes with it.
+        // Every region holds the reservation, so none is left; the bank
+        // goes with it.
         self.release();
-        // SAFETY: the range came from `reserve` and nothing is mapped in it.
-        unsafe { self.backend.unreserve(self.base, self.reserved) };
+        // A region whose unmap failed left its mappings (and counts) in
+        // place: then the range leaks rather than being given back mapped.
+        if self.mapped.iter().all(|m| m.load(Ordering::Relaxed) == 0) {
+            // SAFETY: the range came from `reserve` and nothing is mapped
+            // in it.
+            unsafe { self.backend.unreserve(self.base, self.reserved) };
+        }
     }
 }
 
@@ -281,9 +293,15 @@ impl<B: Backend> Region<B> {
         Region::carve(res, part, len, chunk)
     }
 
-    /// The chunk and the length of a region of `reserve` bytes.
+    /// The chunk and the length of a region of `reserve` bytes. Chunks
+    /// are whole granules and whole heap pages, so every mapping, banked
+    /// pieces of other regions included, is whole pages.
     fn sizes(backend: &B, reserve: usize, chunk: usize) -> Result<(usize, usize)> {
-        let gran = backend.granularity()?.max(1);
+        let gran = backend
+            .granularity()?
+            .max(1)
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or_else(|| Error::InvalidArgument("mapping granularity".into()))?;
         let too_big = || Error::InvalidArgument(format!("reservation of {reserve} bytes"));
         let chunk = chunk
             .max(gran)
@@ -341,8 +359,9 @@ impl<B: Backend> Region<B> {
         self.mapped.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Maps chunks, one mapping each, until at least `bytes` are mapped:
-    /// the region can then shrink chunk by chunk. Returns the mapped size;
+    /// Maps chunks, one mapping each (or banked pieces of a shared
+    /// reservation), until at least `bytes` are mapped: the region can
+    /// then shrink a mapping at a time. Returns the mapped size;
     /// [`Error::OutOfMemory`] when the device or the range is full (what
     /// was mapped before the failure stays mapped).
     pub fn grow_to(&self, bytes: usize) -> Result<usize> {
@@ -359,15 +378,21 @@ impl<B: Backend> Region<B> {
     /// whatever the size, so a large step costs about what a chunk does
     /// (it shrinks only as a whole). Banked memory of a shared
     /// reservation goes first, one mapping per piece. Returns the mapped
-    /// size; errors as [`Region::grow_to`] (banked pieces mapped before a
-    /// failure stay mapped).
+    /// size, which is short of `bytes` when pieces were mapped and then
+    /// new memory could not be; errors as [`Region::grow_to`] when nothing
+    /// could be mapped.
     pub fn grow_at_once(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
         self.check_fits(bytes)?;
         // One mapping of new memory; banked pieces, one mapping each.
+        let before = m.bytes;
         while m.bytes < bytes {
             let len = (bytes - m.bytes).next_multiple_of(self.chunk);
-            self.map_extent(&mut m, len)?;
+            match self.map_extent(&mut m, len) {
+                Ok(()) => {}
+                Err(_) if m.bytes > before => break, // what was mapped opens
+                Err(e) => return Err(e),
+            }
         }
         Ok(m.bytes)
     }
@@ -384,26 +409,30 @@ impl<B: Backend> Region<B> {
     }
 
     /// Maps memory at the mapped end: a banked piece (which may be
-    /// shorter or longer than `len`, within the range), else `len` bytes
-    /// (whole granules; at most the rest of the range) of new memory.
+    /// shorter or longer than `len`, within the range; the first mapping
+    /// takes none longer, as a pool keeps its first mapping), else `len`
+    /// bytes (whole granules; at most the rest of the range) of new
+    /// memory.
     fn map_extent(&self, m: &mut Extents<B>, len: usize) -> Result<()> {
         let at = self.base + m.bytes as u64;
         let len = len.min(self.reserved - m.bytes);
+        let room = if m.bytes == 0 {
+            len
+        } else {
+            self.reserved - m.bytes
+        };
         let backend = &self.res.backend;
-        let (len, memory) = self
-            .res
-            .take(len, self.reserved - m.bytes)
-            .map_err(|e| match e {
-                Error::OutOfMemory { requested, .. } => Error::OutOfMemory {
-                    requested,
-                    reserved: m.bytes,
-                    free: backend.free_memory(),
-                },
-                e => e,
-            })?;
-        // SAFETY: `at..at + len` is inside the region (callers check `len`,
-        // `take` keeps to the rest of the range) and past every mapped
-        // extent (the invariant on `Extents`).
+        let (len, memory, banked) = self.res.take(len, room).map_err(|e| match e {
+            Error::OutOfMemory { requested, .. } => Error::OutOfMemory {
+                requested,
+                reserved: m.bytes,
+                free: backend.free_memory(),
+            },
+            e => e,
+        })?;
+        // SAFETY: `at..at + len` is inside the region (`len` and `take`
+        // keep to the rest of the range) and past every mapped extent (the
+        // invariant on `Extents`).
         if let Err(e) = unsafe { backend.map(at, len, &memory) } {
             self.res.give(len, memory);
             return Err(e);
@@ -411,9 +440,15 @@ impl<B: Backend> Region<B> {
         // SAFETY: just mapped.
         if let Err(e) = unsafe { backend.set_access(at, len) } {
             // SAFETY: mapped above, used by nothing yet.
-            let _ = unsafe { backend.unmap(at, len) };
-            self.res.give(len, memory);
+            match unsafe { backend.unmap(at, len) } {
+                Ok(()) => self.res.give(len, memory),
+                // Still mapped: never hand it out again (it leaks).
+                Err(_) => std::mem::forget(memory),
+            }
             return Err(e);
+        }
+        if banked {
+            self.res.reused.fetch_add(len, Ordering::Relaxed);
         }
         m.list.push((len, memory));
         m.bytes += len;
@@ -462,7 +497,11 @@ impl<B: Backend> Drop for Region<B> {
         // the region only once no block of it is handed out. The memory
         // goes to the bank (or is released); the reservation goes with its
         // last region.
-        let _ = unsafe { self.shrink_to(0) };
+        if unsafe { self.shrink_to(0) }.is_err() {
+            // What is still mapped stays so, and counted: the reservation
+            // then keeps its range rather than give it back mapped.
+            std::mem::forget(std::mem::take(&mut self.lock().list));
+        }
     }
 }
 

@@ -73,7 +73,8 @@ fn memory_a_heap_gives_back_serves_the_pool_and_the_reverse() {
     pool.free(p, &stream).unwrap();
     assert_eq!(pool.trim(0).unwrap(), 32 * MIB, "the first mapping stays");
     assert_eq!(pool.stats().banked, 96 * MIB);
-    assert_eq!(heap.grow_at_once(64 * MIB).unwrap(), 96 * MIB);
+    // (A first mapping takes no piece longer than asked: it stays.)
+    assert_eq!(heap.grow_at_once(96 * MIB).unwrap(), 96 * MIB);
     fill_and_check(res.backend(), heap.base(), 96 * MIB, 3);
     let s = res.stats();
     assert_eq!((s.created, s.reused, s.banked), (128 * MIB, 192 * MIB, 0));
@@ -190,4 +191,47 @@ fn a_full_reservation_refuses_new_regions() {
     assert!(Region::within(&res, Part::DeviceHeap, 32 * MIB, 2 * MIB).is_err());
     assert!(Region::within(&res, Part::DeviceHeap, 16 * MIB, 2 * MIB).is_ok());
     assert_eq!(res.stats().carved, 64 * MIB);
+}
+
+#[test]
+fn out_of_device_memory_releases_pieces_too_long_to_use() {
+    // 128 MiB of device memory: a heap banks 96 MiB, then a pool whose
+    // range is too short for that piece still gets memory.
+    let res = Reservation::shared(HostBackend::new(2 * MIB, 128 * MIB), 8 << 30).unwrap();
+    let heap = heap_in(&res, 1 << 30);
+    heap.grow_at_once(96 * MIB).unwrap();
+    // SAFETY: nothing uses host-backed test memory.
+    unsafe { heap.shrink_to(0) }.unwrap();
+    let cfg = PoolConfig {
+        initial: 16 * MIB,
+        chunk: 16 * MIB,
+        ..PoolConfig::new(64 * MIB)
+    };
+    let pool = Pool::in_reservation(&res, cfg).unwrap();
+    let stream = HostStream::new();
+    let p = pool.alloc(48 * MIB, &stream).unwrap();
+    fill_and_check(res.backend(), p, 48 * MIB, 6);
+    let s = res.stats();
+    assert_eq!((s.banked, s.released), (0, 96 * MIB), "{s:?}");
+    assert!(res.backend().physical() <= 128 * MIB);
+}
+
+#[test]
+fn a_first_mapping_takes_no_piece_longer_than_asked() {
+    let res = reservation();
+    let heap = heap_in(&res, 1 << 30);
+    heap.grow_at_once(96 * MIB).unwrap();
+    // SAFETY: nothing uses host-backed test memory.
+    unsafe { heap.shrink_to(0) }.unwrap();
+    // The pool's first mapping (never trimmed) is new memory, its growth
+    // then maps the piece.
+    let pool = pool_in(&res);
+    assert_eq!(res.stats().banked, 96 * MIB);
+    assert_eq!(pool.stats().reserved, 32 * MIB);
+    let stream = HostStream::new();
+    let p = pool.alloc(48 * MIB, &stream).unwrap();
+    assert_eq!(res.stats().banked, 0);
+    assert_eq!(pool.stats().reserved, 128 * MIB);
+    pool.free(p, &stream).unwrap();
+    assert_eq!(pool.trim(0).unwrap(), 32 * MIB);
 }

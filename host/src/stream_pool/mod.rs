@@ -25,7 +25,8 @@
 //!   returned.
 //! - Pages past the mapped memory are fenced in the heap's page map, so
 //!   no allocation can land there whatever limit it read; trim fences a
-//!   chunk (failing if any page of it is in use) before unmapping it.
+//!   mapping (a chunk, or a banked piece of a shared reservation; failing
+//!   if any page of it is in use) before unmapping it.
 //!
 //! The pool runs on any [`Backend`]: the CUDA driver by default, host
 //! memory in tests.
