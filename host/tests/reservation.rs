@@ -30,6 +30,16 @@ fn heap_in(res: &Arc<Reservation<HostBackend>>, bytes: usize) -> Region<HostBack
     Region::within(res, Part::DeviceHeap, bytes, 2 * MIB).unwrap()
 }
 
+/// A heap's range maps 96 MiB of new memory and gives it back: one
+/// banked piece.
+fn bank_96_mib(res: &Arc<Reservation<HostBackend>>) {
+    let heap = heap_in(res, 1 << 30);
+    heap.grow_at_once(96 * MIB).unwrap();
+    // SAFETY: nothing uses host-backed test memory.
+    unsafe { heap.shrink_to(0) }.unwrap();
+    assert_eq!(res.stats().banked, 96 * MIB);
+}
+
 /// Writes a pattern of `seed` over `len` bytes at `at`, reads it back.
 fn fill_and_check(b: &HostBackend, at: u64, len: usize, seed: u8) {
     let bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect();
@@ -132,10 +142,7 @@ fn a_step_is_made_of_banked_pieces_before_new_memory() {
 #[test]
 fn a_piece_longer_than_the_range_left_stays_banked() {
     let res = reservation();
-    let big = heap_in(&res, 1 << 30);
-    big.grow_at_once(96 * MIB).unwrap();
-    // SAFETY: nothing uses host-backed test memory.
-    unsafe { big.shrink_to(0) }.unwrap();
+    bank_96_mib(&res);
     let small = heap_in(&res, 64 * MIB);
     assert_eq!(small.grow_at_once(64 * MIB).unwrap(), 64 * MIB);
     let s = res.stats();
@@ -151,10 +158,7 @@ fn a_piece_longer_than_the_range_left_stays_banked() {
 fn the_pool_trims_a_banked_piece_whole_and_never_while_in_use() {
     let res = reservation();
     let pool = pool_in(&res);
-    let heap = heap_in(&res, 1 << 30);
-    heap.grow_at_once(96 * MIB).unwrap();
-    // SAFETY: nothing uses host-backed test memory.
-    unsafe { heap.shrink_to(0) }.unwrap();
+    bank_96_mib(&res);
     let stream = HostStream::new();
     // Two blocks: the second lies in the 96 MiB piece the pool maps.
     let a = pool.alloc(16 * MIB, &stream).unwrap();
@@ -198,10 +202,7 @@ fn out_of_device_memory_releases_pieces_too_long_to_use() {
     // 128 MiB of device memory: a heap banks 96 MiB, then a pool whose
     // range is too short for that piece still gets memory.
     let res = Reservation::shared(HostBackend::new(2 * MIB, 128 * MIB), 8 << 30).unwrap();
-    let heap = heap_in(&res, 1 << 30);
-    heap.grow_at_once(96 * MIB).unwrap();
-    // SAFETY: nothing uses host-backed test memory.
-    unsafe { heap.shrink_to(0) }.unwrap();
+    bank_96_mib(&res);
     let cfg = PoolConfig {
         initial: 16 * MIB,
         chunk: 16 * MIB,
@@ -219,10 +220,7 @@ fn out_of_device_memory_releases_pieces_too_long_to_use() {
 #[test]
 fn a_first_mapping_takes_no_piece_longer_than_asked() {
     let res = reservation();
-    let heap = heap_in(&res, 1 << 30);
-    heap.grow_at_once(96 * MIB).unwrap();
-    // SAFETY: nothing uses host-backed test memory.
-    unsafe { heap.shrink_to(0) }.unwrap();
+    bank_96_mib(&res);
     // The pool's first mapping (never trimmed) is new memory, its growth
     // then maps the piece.
     let pool = pool_in(&res);
