@@ -5,7 +5,7 @@
 #![cfg(not(loom))]
 
 use cuheap_core::heap::GrowHost;
-use cuheap_core::size_class::PAGE_SIZE;
+use cuheap_core::size_class::{class_of, page_units, span_pages, PAGE_SIZE};
 use cuheap_core::{AllocError, Heap, OwnedHeap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -68,10 +68,43 @@ impl Service<'_> {
     }
 }
 
+/// How a thread allocates on a heap that may grow.
+#[derive(Clone, Copy)]
+enum Way {
+    /// On its own (`alloc_growing`), as a GPU thread's slow path does.
+    Alone,
+    /// As a warp's group does on the GPU (`warp_alloc`): search; after a
+    /// failure, wait for growth as one (`await_growth`) and search again;
+    /// after 64 waits, or when waiting cannot help, go on alone.
+    Group,
+}
+
+fn alloc(
+    heap: &Heap<'_, u64>,
+    way: Way,
+    size: usize,
+    slot: u32,
+    host: &Cpu,
+) -> Result<*mut u8, AllocError> {
+    if let Way::Group = way {
+        let pages = class_of(size).map_or(span_pages(size) as u32, page_units);
+        for _ in 0..64 {
+            match heap.try_alloc_aligned(size, 16, slot) {
+                Err(AllocError::OutOfMemory) => {}
+                r => return r,
+            }
+            if !heap.await_growth(pages, host) {
+                break;
+            }
+        }
+    }
+    heap.alloc_growing(size, 16, slot, host)
+}
+
 /// `threads` threads each allocate `per_thread` blocks of mixed sizes
 /// (spans included) on a heap that starts at 4 pages and may grow to
 /// `cap`. Returns (blocks allocated, failures, growth steps, requests).
-fn run(threads: usize, per_thread: usize, cap: u32) -> (usize, u64, u32, u64) {
+fn run(threads: usize, per_thread: usize, cap: u32, way: Way) -> (usize, u64, u32, u64) {
     let owned = OwnedHeap::<u64>::new(1024, 8).unwrap();
     let heap = owned.heap();
     heap.set_limit(4);
@@ -104,7 +137,7 @@ fn run(threads: usize, per_thread: usize, cap: u32) -> (usize, u64, u32, u64) {
                             49 => PAGE_SIZE + 100, // a two-page span
                             k => 16 << (k % 6 + t % 3),
                         };
-                        if let Ok(p) = heap.alloc_growing(size, 16, t as u32, &host) {
+                        if let Ok(p) = alloc(&heap, way, size, t as u32, &host) {
                             let n = size.min(512);
                             // SAFETY: a fresh block of at least `size` bytes.
                             unsafe { p.write_bytes(id, n) };
@@ -141,21 +174,25 @@ fn run(threads: usize, per_thread: usize, cap: u32) -> (usize, u64, u32, u64) {
 
 #[test]
 fn threads_grow_the_heap_from_4_pages_and_every_block_checks() {
-    let (got, failed, steps, requests) = run(8, 2000, 1024);
-    assert_eq!((got, failed), (16_000, 0));
-    // Geometric steps: 4 pages to what 16,000 blocks need in a few steps,
-    // and about one request per step, not one per thread.
-    assert!((3..=10).contains(&steps), "{steps} steps");
-    assert!(requests <= 4 * steps as u64 + 16, "{requests} requests");
+    for way in [Way::Alone, Way::Group] {
+        let (got, failed, steps, requests) = run(8, 2000, 1024, way);
+        assert_eq!((got, failed), (16_000, 0));
+        // Geometric steps: 4 pages to what 16,000 blocks need in a few
+        // steps, and about one request per step, not one per thread.
+        assert!((3..=10).contains(&steps), "{steps} steps");
+        assert!(requests <= 4 * steps as u64 + 16, "{requests} requests");
+    }
 }
 
 #[test]
 fn a_refusing_host_fails_the_rest_counted_and_nothing_hangs() {
-    let (got, failed, _, requests) = run(8, 2000, 64);
-    assert!(got > 0 && failed > 0, "{got} blocks, {failed} failed");
-    // After the refusal the heap stops asking: a handful of requests,
-    // not one per failed allocation.
-    assert!(requests < 64, "{requests} requests for {failed} failures");
+    for way in [Way::Alone, Way::Group] {
+        let (got, failed, _, requests) = run(8, 2000, 64, way);
+        assert!(got > 0 && failed > 0, "{got} blocks, {failed} failed");
+        // After the refusal the heap stops asking: a handful of requests,
+        // not one per failed allocation.
+        assert!(requests < 64, "{requests} requests for {failed} failures");
+    }
 }
 
 #[test]

@@ -24,7 +24,7 @@ use crate::arch::{
     activemask, globaltimer, laneid, match_any, nanosleep, reduce_or, shfl, smid, store_system,
 };
 use cuheap_core::heap::{copy_block, GrowHost, Located};
-use cuheap_core::size_class::{class_of, class_of_aligned, MAX_BLOCKS_PER_PAGE};
+use cuheap_core::size_class::{class_of, class_of_aligned, page_units, MAX_BLOCKS_PER_PAGE};
 use cuheap_core::{Grant, Heap, HeapHandle, Resize, Word};
 
 /// The GPU's side of growth while a kernel runs (see `cuheap_core`'s
@@ -52,6 +52,10 @@ impl GrowHost for Gpu {
         nanosleep(500 << round.min(6));
     }
 }
+
+/// Times a warp's group waits for growth together before its lanes go on
+/// one by one (`alloc_slow`, bounded by the growth timeout).
+const GROUP_WAITS: u32 = 64;
 
 /// An allocation the fast path could not serve: growth, the out-of-memory
 /// fallbacks and bad input, per thread and out of line.
@@ -207,6 +211,7 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class
         start: 0,
     };
     let mut result = core::ptr::null_mut();
+    let mut waits = 0u32;
     loop {
         let (mut page, mut word, mut mask) = (0u32, 0u32, 0u32);
         if lane == leader {
@@ -224,6 +229,19 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class
         // loop for the same number of trips (`remaining` and `mask` are the
         // same in all of them), and `leader` is one of them.
         let mask = unsafe { shfl(peers, mask, leader) };
+        if mask == 0 && waits < GROUP_WAITS {
+            // On a heap the host grows while kernels run, the group waits
+            // for more pages as one (its leader asks and polls) and
+            // searches again: one request and one search per group, not
+            // per thread.
+            waits += 1;
+            let again = lane == leader && heap.await_growth(page_units(class), &Gpu);
+            // SAFETY: as above.
+            if unsafe { shfl(peers, again as u32, leader) } != 0 {
+                continue;
+            }
+            waits = GROUP_WAITS;
+        }
         if mask == 0 {
             // No class page: the lanes not yet served go on one by one,
             // to growth when a host serves it; else the leader's search

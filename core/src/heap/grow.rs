@@ -112,6 +112,27 @@ impl<W: Word> Heap<'_, W> {
         }
     }
 
+    /// For a group of threads (a warp's lanes of one class) whose search
+    /// for a page just failed on a heap that may grow: waits, as one, for
+    /// the host to raise the limit (true: search again) or gives up
+    /// (false: the caller goes on alone, through
+    /// [`Heap::alloc_growing`]). A failed search leaves an ask above the
+    /// limit (`grow_want`); none is pending when the host has answered it
+    /// since, and the group searches again at once.
+    #[cold]
+    #[inline(never)]
+    pub fn await_growth<G: GrowHost>(&self, pages: u32, host: &G) -> bool {
+        let seen = self.limit();
+        let refusals = self.counters.grow_refusals.load(Ordering::Acquire);
+        if !self.may_grow() {
+            return false;
+        }
+        if self.counters.grow_want.load(Ordering::Acquire) <= seen as u64 {
+            return true; // answered since the search failed
+        }
+        self.wait_for_growth(seen, refusals, pages, host)
+    }
+
     /// Asks for `seen + pages` pages and waits until the limit passes
     /// `seen` (true) or the host refuses, stops or times out (false).
     fn wait_for_growth<G: GrowHost>(&self, seen: u32, refusals: u64, pages: u32, host: &G) -> bool {
