@@ -27,12 +27,19 @@ impl<'a> PageMap<'a> {
 
     /// Claims one free page below `limit`, scanning from page `hint`.
     pub fn claim_one(&self, hint: u32, limit: u32) -> Option<u32> {
+        self.claim_one_within(hint, 0, limit)
+    }
+
+    /// [`PageMap::claim_one`] in the window from the word of page `floor`
+    /// to `limit`: scans from `hint` to the limit, then from the floor.
+    pub fn claim_one_within(&self, hint: u32, floor: u32, limit: u32) -> Option<u32> {
         let nwords = limit.div_ceil(32);
+        let first = (floor / 32).min(nwords.saturating_sub(1));
         if nwords == 0 {
             return None;
         }
-        let mut w = (hint / 32) % nwords;
-        for _ in 0..nwords {
+        let mut w = first + (hint / 32).saturating_sub(first) % (nwords - first);
+        for _ in first..nwords {
             let cell = &self.words[w as usize];
             let mut cur = cell.load(Ordering::Relaxed);
             loop {
@@ -52,7 +59,7 @@ impl<'a> PageMap<'a> {
             }
             w += 1;
             if w == nwords {
-                w = 0;
+                w = first;
             }
         }
         None
@@ -73,16 +80,30 @@ impl<'a> PageMap<'a> {
     /// buddy allocator: pages at arbitrary offsets could leave free units
     /// in pieces too short for the largest pages.
     pub fn claim_run_aligned(&self, len: u32, align: u32, limit: u32, hint: u32) -> Option<u32> {
+        self.claim_run_within(len, align, 0, limit, hint)
+    }
+
+    /// [`PageMap::claim_run_aligned`] in the window from `floor` to
+    /// `limit`: first fit from `hint`, then from the floor.
+    pub fn claim_run_within(
+        &self,
+        len: u32,
+        align: u32,
+        floor: u32,
+        limit: u32,
+        hint: u32,
+    ) -> Option<u32> {
         if len == 0 || len > limit {
             return None;
         }
-        let hint = hint % limit;
-        if hint > 0 {
+        let floor = floor.min(limit - len);
+        let hint = floor + (hint.saturating_sub(floor)) % (limit - floor);
+        if hint > floor {
             if let Some(p) = self.claim_run_from(hint, len, align, limit) {
                 return Some(p);
             }
         }
-        self.claim_run_from(0, len, align, limit)
+        self.claim_run_from(floor, len, align, limit)
     }
 
     fn claim_run_from(&self, from: u32, len: u32, align: u32, limit: u32) -> Option<u32> {
@@ -164,6 +185,29 @@ impl<'a> PageMap<'a> {
 mod tests {
     use super::*;
     use std::vec::Vec;
+
+    #[test]
+    fn searches_within_a_window_wrap_to_its_floor() {
+        let w: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
+        let m = PageMap::new(&w);
+        // From the hint's word to the limit, then from the floor's word.s word.
+        assert_eq!(m.claim_one_within(100, 64, 128), Some(96)); // the hint's word
+        assert_eq!(m.claim_one_within(10, 64, 128), Some(64)); // hint below the floor
+        for _ in 0..62 {
+            assert!(m.claim_one_within(127, 64, 128).is_some());
+        }
+        assert_eq!(m.claim_one_within(127, 64, 128), None, "the window is full");
+        assert_eq!(m.claim_one(127, 128), Some(0), "the whole map is not");
+        // Runs: first fit from the hint, then from the floor.
+        assert_eq!(m.claim_run_within(4, 4, 32, 64, 40), Some(40));
+        assert_eq!(m.claim_run_within(4, 4, 32, 64, 62), Some(32));
+        assert_eq!(m.claim_run_within(4, 4, 32, 64, 0), Some(36));
+        assert_eq!(
+            m.claim_run_within(40, 1, 32, 64, 0),
+            None,
+            "longer than the window"
+        );
+    }
 
     #[test]
     fn aligned_runs_start_at_multiples_of_their_alignment() {

@@ -22,6 +22,10 @@ pub struct Counters {
     /// Pages the heap may use, counted from the start (0: all of them). A
     /// pool raises it as it maps memory behind more of a reserved range.
     pub page_limit: AtomicU64,
+    /// The page limit before the host's last growth step (0: none): the
+    /// pages from it to `page_limit` are the new ones, where a heap that
+    /// grows while kernels run looks for fresh pages first.
+    pub grow_floor: AtomicU64,
     /// Bytes asked for by allocations that failed for want of memory (not
     /// size 0, not larger than the whole heap): the shortfall a growable
     /// heap grows by.
@@ -58,6 +62,7 @@ impl Counters {
             spans_allocated: AtomicU64::new(0),
             spans_freed: AtomicU64::new(0),
             page_limit: AtomicU64::new(0),
+            grow_floor: AtomicU64::new(0),
             failed_bytes: AtomicU64::new(0),
             grow_bell: AtomicU64::new(0),
             grow_want: AtomicU64::new(0),

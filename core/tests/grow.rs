@@ -61,6 +61,8 @@ impl Service<'_> {
                 continue;
             }
             let to = want.max(limit * 2).min(self.cap as u64);
+            // The floor of the step, as `cuheap-host`'s service writes it.
+            c.grow_floor.store(limit, Ordering::SeqCst);
             heap.set_limit(to as u32);
             grown += 1;
         }

@@ -396,6 +396,8 @@ impl DeviceHeap {
                 .store(limit, std::sync::atomic::Ordering::Relaxed);
             c.grow_rung
                 .store(limit, std::sync::atomic::Ordering::Relaxed);
+            // Fresh pages are searched for in the whole heap again.
+            c.grow_floor.store(0, std::sync::atomic::Ordering::Relaxed);
             g.published_as(region.mapped());
             // SAFETY: plain bytes.
             let bytes = unsafe { as_bytes_mut(&mut meta) };

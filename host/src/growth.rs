@@ -177,8 +177,9 @@ impl Grower {
         let mapped = self
             .region
             .grow_at_once(bytes.min(self.region.reserved()))?;
-        if mapped > before || self.published.load(Ordering::Acquire) < mapped {
-            self.publish_limit(mapped)?;
+        let published = self.published.load(Ordering::Acquire);
+        if mapped > before || published < mapped {
+            self.publish_limit(mapped, published)?;
             if self.capped.swap(false, Ordering::AcqRel) {
                 // Memory came back: let running kernels ask again.
                 self.write(offset_of!(Counters, grow_cap), 0)?;
@@ -198,11 +199,12 @@ impl Grower {
         f()
     }
 
-    fn publish_limit(&self, mapped: usize) -> Result<()> {
-        self.write(
-            offset_of!(Counters, page_limit),
-            (mapped / PAGE_SIZE) as u64,
-        )?;
+    /// Writes the page limit for `mapped` bytes, and beside it the floor
+    /// of the step (`grow_floor`): the limit before it, where searches
+    /// for fresh pages start (0 on a heap emptied by a reset).
+    fn publish_limit(&self, mapped: usize, floor: usize) -> Result<()> {
+        let words = [(mapped / PAGE_SIZE) as u64, (floor / PAGE_SIZE) as u64];
+        self.write_words(offset_of!(Counters, page_limit), &words)?;
         self.published.store(mapped, Ordering::Release);
         Ok(())
     }
@@ -217,7 +219,7 @@ impl Grower {
     pub(crate) fn restore(&self) -> Result<()> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mapped = self.region.mapped();
-        self.publish_limit(mapped)?;
+        self.publish_limit(mapped, 0)?;
         self.capped.store(false, Ordering::Release);
         self.write(offset_of!(Counters, grow_cap), 0)?;
         // No ask is pending (or rung) above the limit: a stale one would
@@ -244,13 +246,19 @@ impl Grower {
     /// Writes one word of the counters, on the grower's stream, which
     /// runs beside kernels on other streams; returns once it is written.
     fn write(&self, offset: usize, v: u64) -> Result<()> {
-        // SAFETY: a word inside the heap's counters, in device memory the
+        self.write_words(offset, &[v])
+    }
+
+    /// Writes consecutive words of the counters (as [`Grower::write`]).
+    fn write_words(&self, offset: usize, v: &[u64]) -> Result<()> {
+        debug_assert!(offset + v.len() * 8 <= size_of::<Counters>());
+        // SAFETY: words inside the heap's counters, in device memory the
         // heap owns. Kernels only read the words the host writes, except
         // `grow_want`, `grow_rung` and `grow_requests`, which the host
         // lowers only to refuse (`answer`) or while no ask can be pending
         // (`restore`); a waiter that raises `grow_want` again meanwhile
         // just asks again.
-        unsafe { copy_to_device_on(self.counters + offset as u64, &[v], &self.stream) }
+        unsafe { copy_to_device_on(self.counters + offset as u64, v, &self.stream) }
     }
 
     fn read(&self) -> Result<[u64; WORDS]> {

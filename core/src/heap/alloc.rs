@@ -273,8 +273,9 @@ impl<W: Word> Heap<'_, W> {
             return None; // the host is adding pages (see `grow`)
         }
         let limit = self.limit();
-        let hint = self.fresh_hint(slot, limit);
-        if let Some(p) = self.claim_units(page_units(class), hint, limit) {
+        let floor = self.fresh_floor(limit);
+        let hint = self.fresh_hint(slot, floor, limit);
+        if let Some(p) = self.claim_units(page_units(class), hint, floor, limit) {
             self.activate(p, class);
             return Some(p);
         }
@@ -289,40 +290,54 @@ impl<W: Word> Heap<'_, W> {
         // Claim again even if this scavenge retired nothing: another
         // thread's may just have freed the units.
         self.scavenge();
-        if let Some(p) = self.claim_units(page_units(class), 0, self.limit()) {
+        if let Some(p) = self.claim_units(page_units(class), 0, 0, self.limit()) {
+            // Free pages below the floor: search the whole heap from now.
+            self.counters.grow_floor.store(0, Ordering::Relaxed);
             self.activate(p, class);
             return Some(p);
         }
         None
     }
 
-    /// Where slot `slot` starts looking for fresh pages below `limit`:
-    /// slots spread over the heap, so their searches do not collide. A
-    /// heap that grows while kernels run spreads them over the top half,
-    /// the last step when steps double the heap (as the growth service's
-    /// do): below it, pages were handed out before the step, and a search
-    /// that starts there walks past them on every claim.
+    /// Where the search for a fresh page starts and wraps: page 0, or on
+    /// a heap that grows while kernels run, the limit before the host's
+    /// last step (`grow_floor`). Such a heap is mostly full by design, and
+    /// its new pages are those of the last step: a search there does not
+    /// walk the page map through the pages handed out before it, which on
+    /// an H100 made a heap growing in a launch several times slower. What
+    /// was freed below the floor is found by the full search that runs
+    /// before the heap asks to grow.
     #[inline(always)]
-    fn fresh_hint(&self, slot: u32, limit: u32) -> u32 {
-        let h = slot.wrapping_mul(0x9E37_79B9);
-        if self.may_grow() {
-            let low = limit / 2;
-            low + h % (limit - low)
+    pub(super) fn fresh_floor(&self, limit: u32) -> u32 {
+        if !self.may_grow() {
+            return 0;
+        }
+        let floor = self.counters.grow_floor.load(Ordering::Relaxed);
+        if floor < limit as u64 {
+            floor as u32
         } else {
-            h % limit
+            0
         }
     }
 
-    /// Claims `units` free consecutive units below `limit` from the page map.
-    fn claim_units(&self, units: u32, hint: u32, limit: u32) -> Option<u32> {
+    /// Where slot `slot` starts looking for fresh pages in `floor..limit`:
+    /// slots spread over it, so their searches do not collide.
+    #[inline(always)]
+    fn fresh_hint(&self, slot: u32, floor: u32, limit: u32) -> u32 {
+        floor + slot.wrapping_mul(0x9E37_79B9) % (limit - floor)
+    }
+
+    /// Claims `units` free consecutive units in `floor..limit` from the
+    /// page map.
+    fn claim_units(&self, units: u32, hint: u32, floor: u32, limit: u32) -> Option<u32> {
         let map = PageMap::new(self.page_map);
         if units == 1 {
-            map.claim_one(hint, limit)
+            map.claim_one_within(hint, floor, limit)
         } else {
             // Aligned, so pages pack (see `claim_run_aligned`); a page
             // that finds no aligned run is served as a span instead
             // (`try_fallback`), which may start anywhere.
-            map.claim_run_aligned(units, units.next_power_of_two(), limit, hint)
+            map.claim_run_within(units, units.next_power_of_two(), floor, limit, hint)
         }
     }
 

@@ -26,10 +26,13 @@ impl<W: Word> Heap<'_, W> {
             return Err(AllocError::TooLarge);
         }
         let map = PageMap::new(self.page_map);
-        // Each slot starts its search in its own part of the heap.
+        // Each slot starts its search in its own part of the heap (of the
+        // last growth step, on a heap that grows while kernels run).
         let limit = self.limit();
-        let hint = (slot % self.slots) as u64 * limit as u64 / self.slots as u64;
-        let mut start = map.claim_run(pages as u32, limit, hint as u32);
+        let floor = self.fresh_floor(limit);
+        let part = (slot % self.slots) as u64 * (limit - floor) as u64 / self.slots as u64;
+        let hint = floor + part as u32;
+        let mut start = map.claim_run_within(pages as u32, 1, floor, limit, hint);
         let asked_first = || !self.may_grow() || self.ask_for(limit, pages as u32);
         if start.is_none() && asked_first() {
             // Claim again even if this scavenge retired nothing: another
