@@ -217,3 +217,42 @@ fn without_a_service_a_short_heap_fails_at_once() {
     );
     heap.free(a, 0).unwrap();
 }
+
+/// Pages freed below the last growth step's floor serve a served heap
+/// before it asks for more: a span and a class page both find them, and
+/// nothing is asked or rung.
+#[test]
+fn pages_freed_below_the_floor_serve_before_an_ask() {
+    let owned = OwnedHeap::<u64>::new(64, 1).unwrap();
+    let heap = owned.heap();
+    let bell = AtomicU64::new(0);
+    let c = heap.counters();
+    c.grow_bell
+        .store(&bell as *const AtomicU64 as u64, Ordering::SeqCst);
+    // Pages 0..8 were there before the last step, 8..16 came with it.
+    heap.set_limit(16);
+    c.grow_floor.store(8, Ordering::SeqCst);
+    // Two-page spans: the first four fill the step, the next four 0..8.
+    let spans: Vec<*mut u8> = (0..8)
+        .map(|_| heap.alloc(PAGE_SIZE + 1, 0).unwrap())
+        .collect();
+    // The four below the floor are freed; the floor is the step's again.
+    for &p in &spans[4..] {
+        heap.free(p, 0).unwrap();
+    }
+    c.grow_floor.store(8, Ordering::SeqCst);
+    let span = heap.alloc(PAGE_SIZE + 1, 0).unwrap();
+    c.grow_floor.store(8, Ordering::SeqCst);
+    let block = heap.alloc(1024, 0).unwrap();
+    assert!(
+        c.grow_want.load(Ordering::SeqCst) <= 16,
+        "asked with pages free"
+    );
+    assert_eq!(bell.load(Ordering::SeqCst), 0, "rang with pages free");
+    assert_eq!(heap.stats().failed_allocs, 0);
+    for p in spans[..4].iter().copied().chain([span, block]) {
+        heap.free(p, 0).unwrap();
+    }
+    heap.check_invariants().unwrap();
+    assert!(heap.stats().is_empty());
+}

@@ -275,11 +275,16 @@ impl<W: Word> Heap<'_, W> {
         let limit = self.limit();
         let floor = self.fresh_floor(limit);
         let hint = self.fresh_hint(slot, floor, limit);
-        if let Some(p) = self.claim_units(page_units(class), hint, floor, limit) {
+        let units = page_units(class);
+        let mut claimed = self.claim_units(units, hint, floor, limit);
+        if claimed.is_none() && floor > 0 {
+            claimed = self.claim_whole(units, limit);
+        }
+        if let Some(p) = claimed {
             self.activate(p, class);
             return Some(p);
         }
-        if self.may_grow() && !self.ask_for(limit, page_units(class)) {
+        if self.may_grow() && !self.ask_for(limit, units) {
             return None; // another thread asked for this step first
         }
         for k in NEAR_SLOTS..self.slots {
@@ -290,13 +295,23 @@ impl<W: Word> Heap<'_, W> {
         // Claim again even if this scavenge retired nothing: another
         // thread's may just have freed the units.
         self.scavenge();
-        if let Some(p) = self.claim_units(page_units(class), 0, 0, self.limit()) {
-            // Free pages below the floor: search the whole heap from now.
-            self.counters.grow_floor.store(0, Ordering::Relaxed);
+        if let Some(p) = self.claim_whole(units, self.limit()) {
             self.activate(p, class);
             return Some(p);
         }
         None
+    }
+
+    /// Claims `units` units anywhere below `limit`: the search that runs
+    /// before a heap that grows asks for more, once its last step's pages
+    /// are taken (pages freed below the floor come first). A page found
+    /// below the floor sends later searches to the whole heap.
+    pub(super) fn claim_whole(&self, units: u32, limit: u32) -> Option<u32> {
+        let p = self.claim_units(units, 0, 0, limit)?;
+        if p < self.counters.grow_floor.load(Ordering::Relaxed) as u32 {
+            self.counters.grow_floor.store(0, Ordering::Relaxed);
+        }
+        Some(p)
     }
 
     /// Where the search for a fresh page starts and wraps: page 0, or on

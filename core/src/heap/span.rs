@@ -33,6 +33,14 @@ impl<W: Word> Heap<'_, W> {
         let part = (slot % self.slots) as u64 * (limit - floor) as u64 / self.slots as u64;
         let hint = floor + part as u32;
         let mut start = map.claim_run_within(pages as u32, 1, floor, limit, hint);
+        if start.is_none() && floor > 0 {
+            // The last step's pages are taken: pages freed below it first,
+            // before any ask for more.
+            start = map.claim_run(pages as u32, limit, 0);
+            if start.is_some_and(|s| s < floor) {
+                self.counters.grow_floor.store(0, Ordering::Relaxed);
+            }
+        }
         let asked_first = || !self.may_grow() || self.ask_for(limit, pages as u32);
         if start.is_none() && asked_first() {
             // Claim again even if this scavenge retired nothing: another
