@@ -190,7 +190,7 @@ mod tests {
     fn searches_within_a_window_wrap_to_its_floor() {
         let w: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
         let m = PageMap::new(&w);
-        // From the hint's word to the limit, then from the floor's word.s word.
+        // From the hint's word to the limit, then from the floor's word.
         assert_eq!(m.claim_one_within(100, 64, 128), Some(96)); // the hint's word
         assert_eq!(m.claim_one_within(10, 64, 128), Some(64)); // hint below the floor
         for _ in 0..62 {

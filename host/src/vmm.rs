@@ -58,7 +58,6 @@ struct Bank<B: Backend> {
     next: usize,
     /// Physical memory given back by a region: `(length, memory)`.
     kept: Vec<(usize, B::Memory)>,
-    bytes: usize,
 }
 
 /// A snapshot of a [`Reservation`].
@@ -115,7 +114,6 @@ impl<B: Backend> Reservation<B> {
             state: Mutex::new(Bank {
                 next: 0,
                 kept: Vec::new(),
-                bytes: 0,
             }),
             mapped: [AtomicUsize::new(0), AtomicUsize::new(0)],
             created: AtomicUsize::new(0),
@@ -166,7 +164,6 @@ impl<B: Backend> Reservation<B> {
                 .max_by_key(|(_, (len, _))| *len);
             if let Some(i) = fits.or(part).map(|(i, _)| i) {
                 let (len, memory) = b.kept.swap_remove(i);
-                b.bytes -= len;
                 return Ok((len, memory, true));
             }
         }
@@ -183,7 +180,6 @@ impl<B: Backend> Reservation<B> {
         if self.banks {
             let mut b = self.lock();
             b.kept.push((len, memory));
-            b.bytes += len;
         } else {
             self.released.fetch_add(len, Ordering::Relaxed);
             drop(memory);
@@ -201,11 +197,7 @@ impl<B: Backend> Reservation<B> {
 
     /// Gives the banked memory back to the device; returns its bytes.
     pub fn release(&self) -> usize {
-        let kept = {
-            let mut b = self.lock();
-            b.bytes = 0;
-            std::mem::take(&mut b.kept)
-        };
+        let kept = std::mem::take(&mut self.lock().kept);
         let bytes = kept.iter().map(|k| k.0).sum();
         self.released.fetch_add(bytes, Ordering::Relaxed);
         drop(kept); // outside the lock: releasing calls the driver
@@ -219,7 +211,7 @@ impl<B: Backend> Reservation<B> {
             carved: b.next,
             pool_mapped: self.mapped[Part::Pool as usize].load(Ordering::Relaxed),
             heap_mapped: self.mapped[Part::DeviceHeap as usize].load(Ordering::Relaxed),
-            banked: b.bytes,
+            banked: b.kept.iter().map(|k| k.0).sum(),
             created: self.created.load(Ordering::Relaxed),
             reused: self.reused.load(Ordering::Relaxed),
             released: self.released.load(Ordering::Relaxed),

@@ -306,12 +306,18 @@ impl<W: Word> Heap<'_, W> {
     /// before a heap that grows asks for more, once its last step's pages
     /// are taken (pages freed below the floor come first). A page found
     /// below the floor sends later searches to the whole heap.
-    pub(super) fn claim_whole(&self, units: u32, limit: u32) -> Option<u32> {
+    fn claim_whole(&self, units: u32, limit: u32) -> Option<u32> {
         let p = self.claim_units(units, 0, 0, limit)?;
+        self.note_claimed(p);
+        Some(p)
+    }
+
+    /// After a search of the whole heap claimed page `p`: a page below the
+    /// floor sends later searches to the whole heap.
+    pub(super) fn note_claimed(&self, p: u32) {
         if p < self.counters.grow_floor.load(Ordering::Relaxed) as u32 {
             self.counters.grow_floor.store(0, Ordering::Relaxed);
         }
-        Some(p)
     }
 
     /// Where the search for a fresh page starts and wraps: page 0, or on

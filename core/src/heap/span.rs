@@ -37,9 +37,7 @@ impl<W: Word> Heap<'_, W> {
             // The last step's pages are taken: pages freed below it first,
             // before any ask for more.
             start = map.claim_run(pages as u32, limit, 0);
-            if start.is_some_and(|s| s < floor) {
-                self.counters.grow_floor.store(0, Ordering::Relaxed);
-            }
+            start.inspect(|&s| self.note_claimed(s));
         }
         let asked_first = || !self.may_grow() || self.ask_for(limit, pages as u32);
         if start.is_none() && asked_first() {
