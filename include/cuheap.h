@@ -23,11 +23,23 @@
 extern "C" {
 #endif
 
-/* Return codes of cuheap_init and cuheap_get_stats. */
+/* Return codes: cuheap_init and cuheap_get_stats on the device, and
+ * every host function below. */
 #define CUHEAP_OK 0
-/* A null or misaligned pointer, too little memory, or no slot; or, for
- * cuheap_get_stats, no heap or a null out pointer. */
+/* Device: a null or misaligned pointer, too little memory, or no slot;
+ * or, for cuheap_get_stats, no heap or a null out pointer. Host: a NULL
+ * handle or out pointer, size 0, a pointer that is not a live block of
+ * the pool (double or foreign free), a fixed heap asked to grow, a
+ * current context that is not its device's primary context. */
 #define CUHEAP_ERROR_INVALID 1
+/* Host: the device, or the pool's reservation, has no memory for it. */
+#define CUHEAP_ERROR_OUT_OF_MEMORY 2
+/* Host: no CUDA driver, or no device. */
+#define CUHEAP_ERROR_NO_DEVICE 3
+/* Host: a CUDA driver call failed (cuheap_last_error names it). */
+#define CUHEAP_ERROR_CUDA 4
+/* Host: a defect in cuheap (caught; cuheap_last_error says where). */
+#define CUHEAP_ERROR_INTERNAL 5
 
 /* The statistics cuheap_get_stats fills. */
 typedef struct cuheap_stats {
@@ -91,7 +103,154 @@ __device__ void cuheap_free(void* ptr);
 __device__ int cuheap_get_stats(cuheap_stats_t* out);
 #endif /* __CUDACC__ */
 
+/* ------------------------------------------------------------------ */
+/* The host C API: libcuheap.so (link with -lcuheap). Every function runs
+ * in the primary context of the current device, the context the CUDA
+ * runtime uses, so pointers and streams pass freely between a runtime
+ * API program and cuheap (cudaStream_t is a struct CUstream_st*).
+ * Functions return CUHEAP_OK or an error code; cuheap_last_error() then
+ * says what went wrong. Nothing panics, aborts or exits. */
+
+typedef struct CUstream_st* cuheap_stream_t;
+
+/* The message of the last call on this thread that failed ("" if none
+ * has); valid until the next failing call on this thread. */
+const char* cuheap_last_error(void);
+
+/* --- The host pool: stream-ordered device memory. --- */
+typedef struct cuheap_pool cuheap_pool_t;
+
+/* Pool settings; a field left 0 takes its default. */
+typedef struct cuheap_pool_config {
+    size_t reserve;            /* address space; never maps more (device memory) */
+    size_t initial;            /* mapped at creation (64 MiB) */
+    size_t chunk;              /* mapping unit (32 MiB) */
+    size_t stream_cache_limit; /* bytes one stream's cache may hold (64 MiB) */
+    size_t cache_limit;        /* bytes all streams' caches may hold (256 MiB) */
+} cuheap_pool_config_t;
+
+typedef struct cuheap_pool_stats {
+    unsigned long long reserved;    /* bytes of device memory mapped */
+    unsigned long long in_use;      /* bytes handed out, not freed */
+    unsigned long long peak_in_use; /* largest in_use seen (sampled) */
+    unsigned long long cached;      /* freed, cached on streams or waiting for them */
+    unsigned long long allocs;
+    unsigned long long frees;
+    unsigned long long same_stream_reuse;  /* reused on the stream that freed it */
+    unsigned long long cross_stream_reuse; /* taken from another stream, ordered on the device */
+    unsigned long long grows;       /* times more memory was mapped */
+    unsigned long long bad_frees;   /* double, interior and foreign frees refused */
+} cuheap_pool_stats_t;
+
+/* A pool on the current device. config may be NULL (defaults). *out is
+ * NULL on error, as for every function below that creates something. */
+int cuheap_pool_create(const cuheap_pool_config_t* config, cuheap_pool_t** out);
+/* size bytes (256-byte aligned) for work on stream; *out is NULL on any
+ * error. Work on stream may use the block at once; a block reused from
+ * another stream is ordered after that stream's work on the device, with
+ * no host wait. Size 0: CUHEAP_ERROR_INVALID; no memory:
+ * CUHEAP_ERROR_OUT_OF_MEMORY. The stream must live until
+ * cuheap_pool_release_stream (the null and legacy streams always do);
+ * cudaStreamPerThread is refused (CUHEAP_ERROR_INVALID): it names another
+ * stream on each thread, so pass the stream itself. */
+int cuheap_pool_alloc(cuheap_pool_t* pool, size_t size, cuheap_stream_t stream, void** out);
+/* Frees on stream: reused at once by later work on stream, by other
+ * streams after the device finishes stream's work so far. NULL does
+ * nothing; a pointer that is not a live block of this pool is refused
+ * (CUHEAP_ERROR_INVALID) and counted in bad_frees. */
+int cuheap_pool_free(cuheap_pool_t* pool, void* ptr, cuheap_stream_t stream);
+/* Call before destroying a stream the pool has seen: its cached blocks go
+ * back to the pool after its work so far (the host waits for it when it
+ * has cached blocks). */
+int cuheap_pool_release_stream(cuheap_pool_t* pool, cuheap_stream_t stream);
+/* Returns every cache to the pool and unmaps memory no block uses,
+ * keeping at least keep bytes; waits on the host for the work that used
+ * the memory it unmaps. *mapped (may be NULL) gets what stays mapped. */
+int cuheap_pool_trim(cuheap_pool_t* pool, size_t keep, size_t* mapped);
+int cuheap_pool_get_stats(cuheap_pool_t* pool, cuheap_pool_stats_t* out);
+/* Waits for the device and frees the pool's memory (blocks not freed
+ * go with it). NULL does nothing. */
+int cuheap_pool_destroy(cuheap_pool_t* pool);
+
+/* --- Device heaps for kernels that call cuheap_malloc. --- */
+typedef struct cuheap_device_heap cuheap_device_heap_t;
+
+/* What cuheap_init takes to make a heap the program's. */
+typedef struct cuheap_heap_desc {
+    void* meta;
+    unsigned long long meta_bytes;
+    void* data;
+    unsigned long long data_bytes;
+    unsigned slots;
+} cuheap_heap_desc_t;
+
+/* A heap on the current device with initial bytes usable (whole 64 KiB
+ * pages); with max > initial it reserves max bytes of address space and
+ * can grow into it, else it is fixed. Kernels use it once it is
+ * installed (cuheap_device_heap_install, below). */
+int cuheap_device_heap_create(size_t initial, size_t max, cuheap_device_heap_t** out);
+int cuheap_device_heap_desc(const cuheap_device_heap_t* heap, cuheap_heap_desc_t* out);
+/* Statistics (a synchronous copy): call it between the kernels that
+ * allocate. */
+int cuheap_device_heap_get_stats(const cuheap_device_heap_t* heap, cuheap_stats_t* out);
+/* Bytes of block memory usable now. */
+int cuheap_device_heap_capacity(const cuheap_device_heap_t* heap, size_t* out);
+/* Maps memory until bytes are usable (every block keeps its address);
+ * later kernels, and running kernels looking for a fresh page, use it.
+ * A fixed heap or bytes past max: CUHEAP_ERROR_INVALID. */
+int cuheap_device_heap_grow(cuheap_device_heap_t* heap, size_t bytes, size_t* usable);
+/* Unmaps growth steps at the end that no block uses, keeping at least
+ * keep bytes. No kernel that uses the heap may be running or queued. */
+int cuheap_device_heap_trim(cuheap_device_heap_t* heap, size_t keep, size_t* mapped);
+/* Frees the heap; no kernel may use it any more. NULL does nothing. */
+int cuheap_device_heap_destroy(cuheap_device_heap_t* heap);
+
+/* --- One pool per device for the process: PyTorch and CuPy. --- */
+/* torch.cuda.memory.CUDAPluggableAllocator(path, "cuheap_torch_alloc",
+ * "cuheap_torch_free"). NULL for size 0 and on failure. */
+void* cuheap_torch_alloc(ptrdiff_t size, int device, cuheap_stream_t stream);
+void cuheap_torch_free(void* ptr, ptrdiff_t size, int device, cuheap_stream_t stream);
+/* cupy.cuda.CFunctionAllocator(0, malloc, free, owner): CuPy passes no
+ * stream, so blocks are ordered on the null stream and a freed block is
+ * reused at once: safe while the program's work runs on one stream at a
+ * time (the null stream, CuPy's default, or one of its own). */
+void* cuheap_cupy_malloc(void* param, size_t size, int device);
+void cuheap_cupy_free(void* param, void* ptr, int device);
+int cuheap_device_pool_get_stats(int device, cuheap_pool_stats_t* out);
+int cuheap_device_pool_trim(int device, size_t keep, size_t* mapped);
+
 #ifdef __cplusplus
+}
+#endif
+
+/* The layouts the library was built with. */
+typedef char cuheap_check_pool_stats_[sizeof(cuheap_pool_stats_t) == 80 ? 1 : -1];
+typedef char cuheap_check_stats_[sizeof(cuheap_stats_t) == 48 ? 1 : -1];
+typedef char cuheap_check_pool_config_[sizeof(cuheap_pool_config_t) == 40 ? 1 : -1];
+typedef char cuheap_check_heap_desc_[sizeof(cuheap_heap_desc_t) == 40 ? 1 : -1];
+
+#if defined(__CUDACC__) && defined(__CUDACC_RDC__)
+/* Installs a heap made by cuheap_device_heap_create as the heap of this
+ * program's cuheap_malloc/cuheap_free: one thread calls cuheap_init on
+ * stream, and the host waits for it. Call it while no kernel of the
+ * program uses the heap. Returns CUHEAP_OK, CUHEAP_ERROR_INVALID (a NULL
+ * heap, or cuheap_init refused it) or CUHEAP_ERROR_CUDA (the launch or
+ * the copy failed: cudaGetLastError() says why). Needs -rdc=true, as
+ * every program that links the device library. */
+static __device__ int cuheap_install_rc_;
+static __global__ void cuheap_install_kernel_(cuheap_heap_desc_t d) {
+    cuheap_install_rc_ = cuheap_init(d.meta, d.meta_bytes, d.data, d.data_bytes, d.slots);
+}
+static inline int cuheap_device_heap_install(const cuheap_device_heap_t* heap, cuheap_stream_t stream) {
+    cuheap_heap_desc_t d;
+    int rc = cuheap_device_heap_desc(heap, &d);
+    if (rc != CUHEAP_OK) return rc;
+    cuheap_install_kernel_<<<1, 1, 0, stream>>>(d);
+    if (cudaMemcpyFromSymbolAsync(&rc, cuheap_install_rc_, sizeof rc, 0, cudaMemcpyDeviceToHost, stream)
+            != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess)
+        return CUHEAP_ERROR_CUDA;
+    return rc;
 }
 #endif
 

@@ -42,6 +42,21 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// Initialises the driver and counts the devices: [`Error::NoDriver`] or
+/// [`Error::NoDevice`] where there is no GPU, never a panic. Call it
+/// before any other driver call.
+pub fn init_driver() -> Result<usize> {
+    if !driver_present() {
+        return Err(Error::NoDriver);
+    }
+    result::init().map_err(|e| Error::NoDevice(e.to_string()))?;
+    let count = result::device::get_count().map_err(|e| Error::NoDevice(e.to_string()))?;
+    if count < 1 {
+        return Err(Error::NoDevice("device count is 0".into()));
+    }
+    Ok(count as usize)
+}
+
 /// One GPU: a context, a stream, and a module loaded from PTX.
 pub struct Gpu {
     module: Module,
@@ -73,6 +88,14 @@ impl Gpu {
         Self::open_with(ctx, module)
     }
 
+    /// Loads `ptx` in `ctx` (any device's context, e.g. the primary
+    /// context the CUDA runtime uses, from `CudaContext::new(ordinal)`).
+    pub fn on_context(ctx: &Arc<CudaContext>, ptx: &str, options: LoadOptions) -> Result<Gpu> {
+        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        let module = Module::load(ctx, ptx.as_bytes(), options)?;
+        Self::open_with(ctx.clone(), module)
+    }
+
     /// Opens GPU 0 with one module JIT-linked from several PTX sources
     /// (`cuLink*`): how CUDA C/C++ code compiled with `-rdc` reaches
     /// `cuheap_malloc`/`cuheap_free` in cuheap's PTX.
@@ -91,14 +114,7 @@ impl Gpu {
 
     /// Makes sure a driver and a device exist before any other driver call.
     fn open_context() -> Result<Arc<CudaContext>> {
-        if !driver_present() {
-            return Err(Error::NoDriver);
-        }
-        result::init().map_err(|e| Error::NoDevice(e.to_string()))?;
-        let count = result::device::get_count().map_err(|e| Error::NoDevice(e.to_string()))?;
-        if count < 1 {
-            return Err(Error::NoDevice("device count is 0".into()));
-        }
+        init_driver()?;
         let ctx = CudaContext::new(0).during("cuCtxCreate")?;
         ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         Ok(ctx)

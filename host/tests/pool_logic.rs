@@ -238,6 +238,7 @@ fn cross_stream_reuse_waits_for_the_freeing_stream() {
     }
     assert_eq!(held.len(), 32, "2 MiB of 64 KiB blocks");
     let freed = held.pop().unwrap();
+    a.hold();
     a.enqueue(); // a kernel on A still using the block
     let work_at_free = a.enqueue();
     pool.free(freed, &a).unwrap();
@@ -251,6 +252,7 @@ fn cross_stream_reuse_waits_for_the_freeing_stream() {
         }]
     );
     assert_eq!(pool.stats().cross_stream_reuse, 1);
+    a.finish();
     // Nothing left anywhere: out of memory, said with the numbers.
     match pool.alloc(64 * KIB, &b) {
         Err(Error::PoolExhausted {
@@ -655,10 +657,12 @@ fn dropped_streams_are_forgotten_and_their_blocks_reused() {
 }
 
 /// A stream's cache holds at most its bound: past it, the largest blocks
-/// are retired, and reach another stream only after the device has
-/// finished the freeing stream's work.
+/// go back to the heap behind the stream's guard. The same stream reuses
+/// their memory at once, in another size; another stream gets it only
+/// ordered after the freeing stream's work (a device-side wait), and with
+/// no wait once that work is done.
 #[test]
-fn a_full_cache_retires_blocks_that_wait_for_their_stream() {
+fn a_full_cache_sheds_blocks_that_other_streams_wait_for() {
     let cfg = PoolConfig {
         initial: 2 * MIB,
         chunk: 2 * MIB,
@@ -674,34 +678,48 @@ fn a_full_cache_retires_blocks_that_wait_for_their_stream() {
     for &p in &blocks {
         pool.free(p, &a).unwrap();
     }
+    let freed_at = a.work();
     let st = pool.stats();
     let on_a = st.cached_per_stream.iter().map(|c| c.1).sum::<usize>();
     assert!(on_a <= 8 * MIB, "cache bound kept: {on_a}");
-    assert_eq!(
-        st.retired + on_a,
-        12 * MIB,
-        "every freed byte accounted for"
-    );
+    assert_eq!((st.in_use, st.retired), (0, 0), "shed to the heap");
     assert!(st.retires >= 1);
-    // B cannot have them while A's work runs.
-    let mapped = pool.stats().reserved;
+    // A reuses what it shed at once, in another size (the heap coalesced
+    // the 1 MiB blocks), with no wait and no growth.
+    let mapped = st.reserved;
+    let two = pool.alloc(2 * MIB, &a).unwrap();
+    assert!(blocks.iter().any(|&p| p >= two && p < two + 2 * MIB as u64));
+    assert_eq!(pool.stats().reserved, mapped, "no growth");
+    assert!(a.waits().is_empty());
+    pool.free(two, &a).unwrap();
+    // B may have that memory only after A's work: a wait on A, on the
+    // device, covering the work that used the blocks.
     let c = pool.alloc(4 * MIB, &b).unwrap();
-    assert!(
-        !blocks.contains(&c),
-        "a retired block was reused before its stream finished"
-    );
-    assert!(pool.stats().reserved > mapped, "the pool grew instead");
-    // Once A's work is done their 12 MiB are reused before the pool grows
-    // again, and without any wait.
+    if blocks.iter().any(|&p| p >= c && p < c + 4 * MIB as u64) {
+        assert!(
+            b.waits()
+                .iter()
+                .any(|w| w.stream == a.id() && w.work >= freed_at),
+            "reused before A's work, unordered: {:?}",
+            b.waits()
+        );
+    }
+    assert_eq!(pool.backend().counts().event_syncs, 0, "no host wait");
+    // Once A's work is done, B takes the rest with no wait at all.
     a.finish();
+    let waits = b.waits().len();
     let grows = pool.stats().grows;
     let mut got = Vec::new();
     while pool.stats().grows == grows {
         got.push(pool.alloc(MIB, &b).unwrap());
     }
-    // (The heap coalesced them: 1 MiB blocks come back at other offsets.)
-    assert!(got.len() > 12, "{} MiB before growing", got.len());
-    assert!(b.waits().iter().all(|w| w.stream != a.id()));
+    assert!(got.len() >= 8, "{} MiB before growing", got.len());
+    assert_eq!(
+        b.waits().len(),
+        waits,
+        "no wait once A's work is done: {:?}",
+        b.waits()
+    );
     pool.free(c, &b).unwrap();
     for p in got {
         pool.free(p, &b).unwrap();
@@ -744,31 +762,142 @@ fn a_buffer_used_on_another_stream_waits_for_both() {
     }
 }
 
-/// A stream dropped while its work still runs: its cached block is retired
-/// when the pool lets the stream go, and is not reused until that work is
-/// done (here, until a host wait).
+/// A stream dropped while its work still runs: its cached block goes back
+/// to the heap when the pool lets the stream go, and another stream that
+/// takes it is ordered after that work (a wait on the device), also after
+/// the pool forgot the stream.
 #[test]
 fn a_dropped_streams_blocks_wait_for_its_running_work() {
     let pool = pool(256 * MIB, 2 * MIB, usize::MAX);
     let s = HostStream::new();
+    let sid = s.id();
     let p = pool.alloc(MIB, &s).unwrap();
     s.enqueue();
     s.hold(); // a kernel still reads the block
-    s.enqueue();
+    let used = s.enqueue();
     pool.free(p, &s).unwrap();
-    drop(s);
+    drop(s); // its work never finishes here
     let t = HostStream::new();
     let got: Vec<u64> = (0..8).map(|_| pool.alloc(MIB, &t).unwrap()).collect();
-    assert!(
-        !got.contains(&p),
-        "reused while the dropped stream's work ran"
+    assert_eq!(
+        pool.stats().cached_per_stream.len(),
+        1,
+        "the dropped stream is forgotten"
     );
-    let st = pool.stats();
-    assert_eq!((st.retired, st.cached_per_stream.len()), (MIB, 1), "{st:?}");
+    if got.contains(&p) {
+        assert!(
+            t.waits().iter().any(|w| w.stream == sid && w.work >= used),
+            "reused while the dropped stream's work ran, unordered: {:?}",
+            t.waits()
+        );
+    }
+    assert_eq!(pool.backend().counts().event_syncs, 0, "no host wait");
     for q in got {
         pool.free(q, &t).unwrap();
     }
-    pool.trim(0).unwrap(); // waits for every stream on the host
+    // Trim unmaps only memory whose work is done: it waits for the
+    // forgotten stream's guard on the host first.
+    pool.trim(0).unwrap();
+    assert!(
+        pool.backend().counts().event_syncs > 0,
+        "trim waited for the dropped stream"
+    );
     assert_eq!(pool.stats().retired, 0);
-    assert_eq!(pool.alloc(MIB, &t).unwrap(), p, "reused once done");
+}
+
+/// A pool with a 64 KiB cache bound, 2 MiB of memory in all, and A's work
+/// held: what A sheds is the only memory left.
+fn full_pool_with_shed_blocks() -> (Arc<Pool<HostBackend>>, HostStream, Vec<u64>, u64) {
+    let cfg = PoolConfig {
+        initial: 2 * MIB,
+        chunk: 2 * MIB,
+        stream_cache_limit: 64 * KIB,
+        ..PoolConfig::new(2 * MIB)
+    };
+    let pool = Arc::new(Pool::with_backend(HostBackend::new(64 * KIB, 2 * MIB), cfg).unwrap());
+    let a = HostStream::new();
+    let blocks: Vec<u64> = (0..32).map(|_| pool.alloc(64 * KIB, &a).unwrap()).collect();
+    a.hold();
+    let used = a.enqueue(); // a kernel on A still uses every block
+    for &p in &blocks {
+        pool.free(p, &a).unwrap();
+    }
+    assert!(pool.stats().retires >= 1, "the cache shed");
+    (pool, a, blocks, used)
+}
+
+/// Shed memory goes to another stream only with a device-side wait for
+/// the shedding stream's work, and to the shedding stream itself at once,
+/// in another size.
+#[test]
+fn shed_memory_reaches_another_stream_only_after_the_shedders_work() {
+    let (pool, a, blocks, used) = full_pool_with_shed_blocks();
+    // A: a 1 MiB span over its own shed blocks, no wait.
+    let big = pool.alloc(MIB, &a).unwrap();
+    assert!(blocks.contains(&big));
+    assert!(a.waits().is_empty());
+    // B: the other half of the memory, after A's work.
+    let b = HostStream::new();
+    let got = pool.alloc(MIB, &b).unwrap();
+    assert!(blocks.contains(&got) && got != big);
+    assert_eq!(
+        b.waits(),
+        vec![Recorded {
+            stream: a.id(),
+            work: used
+        }],
+        "B must wait for A's work on the device"
+    );
+    assert_eq!(pool.backend().counts().event_syncs, 0, "no host wait");
+    a.finish();
+}
+
+/// Memory no stream shed since a stream last looked needs no wait: a
+/// stream is not tied to another's work for memory it never had.
+#[test]
+fn memory_nobody_shed_needs_no_wait() {
+    let pool = pool(256 * MIB, 2 * MIB, usize::MAX);
+    let (a, b) = (HostStream::new(), HostStream::new());
+    let cfg_small: Vec<u64> = (0..80).map(|_| pool.alloc(MIB, &a).unwrap()).collect();
+    a.hold();
+    a.enqueue();
+    for p in cfg_small {
+        pool.free(p, &a).unwrap(); // past the 64 MiB cache bound: sheds
+    }
+    assert!(pool.stats().retires >= 1);
+    // Fresh 4 KiB blocks for B come from class pages A never had.
+    for _ in 0..100 {
+        let p = pool.alloc(4 * KIB, &b).unwrap();
+        pool.free(p, &b).unwrap();
+    }
+    assert!(b.waits().is_empty(), "{:?}", b.waits());
+    a.finish();
+}
+
+/// Trim unmaps memory that shed blocks were in only once their work is
+/// done: a host wait first.
+#[test]
+fn trim_waits_for_the_work_of_shed_blocks() {
+    let cfg = PoolConfig {
+        initial: 2 * MIB,
+        chunk: 2 * MIB,
+        stream_cache_limit: 64 * KIB,
+        ..PoolConfig::new(256 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let a = HostStream::new();
+    let blocks: Vec<u64> = (0..8).map(|_| pool.alloc(MIB, &a).unwrap()).collect();
+    a.hold();
+    a.enqueue(); // a kernel on A still uses every block
+    for p in blocks {
+        pool.free(p, &a).unwrap(); // shed at once: past the bound
+    }
+    assert_eq!(pool.stats().cached(), 0, "all shed to the heap");
+    let before = pool.backend().counts().event_syncs;
+    let mapped = pool.trim(0).unwrap();
+    assert!(mapped < 8 * MIB, "trim unmapped the shed memory: {mapped}");
+    assert!(
+        pool.backend().counts().event_syncs > before,
+        "trim did not wait for A"
+    );
 }

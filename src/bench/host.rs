@@ -11,6 +11,7 @@ use crate::kernels::Bench;
 use crate::{DevicePtr, Error, Gpu, LaunchConfig, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use serde::Serialize;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -67,6 +68,8 @@ pub struct HostReport {
 /// [`Resource`] (what the trace adaptor wraps too), with a name.
 pub trait Alloc: Resource<Stream = Arc<CudaStream>> {
     fn name(&self) -> &'static str;
+    /// Called before a stream the allocator saw is destroyed.
+    fn release(&self, _stream: &Arc<CudaStream>) {}
 }
 
 fn driver(what: &'static str, r: sys::CUresult) -> Result<()> {
@@ -131,6 +134,124 @@ impl Alloc for Async {
 impl Alloc for Pool {
     fn name(&self) -> &'static str {
         "cuheap pool"
+    }
+}
+
+type PoolCreate = unsafe extern "C" fn(*const u8, *mut *mut c_void) -> i32;
+type PoolAlloc = unsafe extern "C" fn(*mut c_void, usize, sys::CUstream, *mut *mut c_void) -> i32;
+type PoolFree = unsafe extern "C" fn(*mut c_void, *mut c_void, sys::CUstream) -> i32;
+type PoolDestroy = unsafe extern "C" fn(*mut c_void) -> i32;
+type PoolRelease = unsafe extern "C" fn(*mut c_void, sys::CUstream) -> i32;
+
+/// The pool through its C API (`libcuheap.so`, loaded at run time), as a
+/// C or C++ program calls it: the same pool, plus what the boundary
+/// costs.
+pub struct CApiPool {
+    pool: *mut c_void,
+    alloc: PoolAlloc,
+    free: PoolFree,
+    destroy: PoolDestroy,
+    release: PoolRelease,
+    _lib: libloading::Library,
+}
+
+// SAFETY: the C API's pool is thread-safe (a `Pool` behind a pointer).
+unsafe impl Send for CApiPool {}
+// SAFETY: as above.
+unsafe impl Sync for CApiPool {}
+
+impl CApiPool {
+    /// `libcuheap.so` from `CUHEAP_LIB`, else beside the executable
+    /// (`target/release`), else in `../lib`; `None` if there is none.
+    pub fn find() -> Option<std::path::PathBuf> {
+        if let Some(p) = std::env::var_os("CUHEAP_LIB") {
+            return Some(p.into());
+        }
+        let exe = std::env::current_exe().ok()?;
+        let dir = exe.parent()?;
+        [dir.join("libcuheap.so"), dir.join("../lib/libcuheap.so")]
+            .into_iter()
+            .find(|p| p.exists())
+    }
+
+    /// A pool with default settings on the current context's device.
+    pub fn load(path: &std::path::Path) -> Result<CApiPool> {
+        let bad = |e: libloading::Error| {
+            Error::InvalidArgument(format!("loading {}: {e}", path.display()))
+        };
+        // SAFETY: loading cuheap's own library, whose initialisers are Rust's.
+        let lib = unsafe { libloading::Library::new(path) }.map_err(bad)?;
+        // SAFETY: the symbols have these signatures (include/cuheap.h).
+        let (create, alloc, free, destroy, release) = unsafe {
+            (
+                *lib.get::<PoolCreate>(b"cuheap_pool_create").map_err(bad)?,
+                *lib.get::<PoolAlloc>(b"cuheap_pool_alloc").map_err(bad)?,
+                *lib.get::<PoolFree>(b"cuheap_pool_free").map_err(bad)?,
+                *lib.get::<PoolDestroy>(b"cuheap_pool_destroy")
+                    .map_err(bad)?,
+                *lib.get::<PoolRelease>(b"cuheap_pool_release_stream")
+                    .map_err(bad)?,
+            )
+        };
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: NULL config (defaults) and a valid out pointer.
+        let rc = unsafe { create(std::ptr::null(), &mut pool) };
+        if rc != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "cuheap_pool_create returned {rc}"
+            )));
+        }
+        Ok(CApiPool {
+            pool,
+            alloc,
+            free,
+            destroy,
+            release,
+            _lib: lib,
+        })
+    }
+}
+
+impl Drop for CApiPool {
+    fn drop(&mut self) {
+        // SAFETY: created by `load`, destroyed once; the library is loaded.
+        unsafe { (self.destroy)(self.pool) };
+    }
+}
+
+impl Resource for CApiPool {
+    type Stream = Arc<CudaStream>;
+    fn allocate(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: a live pool, a live stream of its context, an out pointer.
+        match unsafe { (self.alloc)(self.pool, size, s.cu_stream(), &mut p) } {
+            0 => Ok(p as u64),
+            rc => Err(Error::InvalidArgument(format!(
+                "cuheap_pool_alloc returned {rc}"
+            ))),
+        }
+    }
+    fn deallocate(&self, p: u64, s: &Arc<CudaStream>) -> Result<()> {
+        // SAFETY: as above; `p` came from this pool.
+        match unsafe { (self.free)(self.pool, p as *mut c_void, s.cu_stream()) } {
+            0 => Ok(()),
+            rc => Err(Error::InvalidArgument(format!(
+                "cuheap_pool_free returned {rc}"
+            ))),
+        }
+    }
+    fn stream_id(s: &Arc<CudaStream>) -> usize {
+        CudaBackend::stream_id(s)
+    }
+}
+
+impl Alloc for CApiPool {
+    fn name(&self) -> &'static str {
+        "cuheap pool, C API"
+    }
+    fn release(&self, stream: &Arc<CudaStream>) {
+        // SAFETY: a live pool and a live stream it saw.
+        unsafe { (self.release)(self.pool, stream.cu_stream()) };
     }
 }
 
@@ -285,6 +406,9 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
         Instant::now()
     });
     let secs = start.elapsed().as_secs_f64();
+    for s in &streams {
+        a.release(s);
+    }
     Ok(Throughput {
         allocator: a.name(),
         case: "256 B..64 KiB, own stream per thread".into(),
@@ -547,6 +671,17 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         what: "cuStreamCreate",
         source,
     })?;
+    let capi = match CApiPool::find().map(|p| CApiPool::load(&p)) {
+        Some(Ok(c)) => Some(c),
+        Some(Err(e)) => {
+            progress(&format!("the C API is not measured: {e}"));
+            None
+        }
+        None => {
+            progress("libcuheap.so not found: the C API is not measured");
+            None
+        }
+    };
     let allocs: [&dyn Alloc; 3] = [&pool, &Async, &Sync_];
     let mut r = HostReport {
         device: gpu.info().name.clone(),
@@ -565,6 +700,22 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
                 20_000
             };
             r.latency.push(single_size(a, &s, size, n)?);
+        }
+    }
+    // The C API beside the pool it wraps: the single sizes and threads.
+    if let Some(c) = &capi {
+        for size in [256usize, 64 << 10, 1 << 20] {
+            progress(&format!(
+                "{} {}",
+                c.name(),
+                super::device::size_name(size as u32)
+            ));
+            r.latency.push(single_size(c, &s, size, 20_000)?);
+        }
+        c.release(&s);
+        for threads in [1, 4, 8] {
+            progress(&format!("{} {threads} threads", c.name()));
+            r.throughput.push(threaded(gpu, c, threads, 200_000)?);
         }
     }
     for a in &allocs[..2] {

@@ -7,7 +7,7 @@ use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
 use cuheap_core::BlockInfo;
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Where a block's size comes from: a class, or a span of pages.
@@ -147,15 +147,21 @@ impl<E> Cache<E> {
     }
 }
 
+static SERIALS: AtomicU64 = AtomicU64::new(1);
+
 /// One stream's cache, shared by the threads that use the stream.
 pub(super) struct StreamCache<B: Backend> {
     /// Held so the stream outlives the blocks cached for it: an event is
     /// recorded on it whenever another stream takes them.
     pub(super) stream: B::Stream,
     pub(super) id: usize,
+    /// Unique for the pool's life (a stream handle can be reused).
+    pub(super) serial: u64,
     cache: Mutex<Cache<B::Event>>,
     /// Set by `release_stream`: threads holding this cache must look again.
     pub(super) released: AtomicBool,
+    /// The guard generation this stream is ordered after (see `guard`).
+    pub(super) seen: AtomicU64,
 }
 
 impl<B: Backend> StreamCache<B> {
@@ -163,8 +169,10 @@ impl<B: Backend> StreamCache<B> {
         StreamCache {
             stream: stream.clone(),
             id: B::stream_id(stream),
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             cache: Mutex::new(Cache::default()),
             released: AtomicBool::new(false),
+            seen: AtomicU64::new(0),
         }
     }
 

@@ -8,18 +8,21 @@
 //!   reuse on the same stream is immediate, because stream order already
 //!   puts the new user after the old one.
 //! - Caches are bounded, per stream and in all. A cache past its bound,
-//!   and the cache of a stream no one else holds any more, is *retired*:
-//!   its blocks wait, with an event recorded on their stream, until the
-//!   device has finished that stream's work up to the free, then go back
-//!   to the heap (checked without waiting, [`Pool::free_after`] uses the
-//!   same path). The host never waits for this.
+//!   and the cache of a stream no one else holds any more, *sheds* its
+//!   largest blocks straight back to the heap behind the stream's guard
+//!   ([`guard`]): the same stream reuses that memory at once, in any size
+//!   and shape; another stream that gets it first waits, on the device,
+//!   for the shedding stream's work up to the shed. The host never waits
+//!   for this. (If no guard can be recorded the blocks are *retired*
+//!   instead: they wait with an event until the work is done, checked
+//!   without waiting; [`Pool::free_after`] uses that path.)
 //! - When the heap (as mapped now) has no room, the pool first takes back
 //!   retired blocks whose work is done; then another stream's cached
 //!   blocks of the same size, by recording a pooled event on the owner
 //!   stream and making itself wait on it (the device orders the two, the
-//!   host never waits); then it retires every cache and takes back what is
-//!   done. Only then does it map more memory, so memory that is cached
-//!   but idle is reused before the pool grows.
+//!   host never waits); then every cache sheds. Only then does it map
+//!   more memory, so memory that is cached but idle is reused before the
+//!   pool grows.
 //! - When mapping more fails, the caches are returned to the heap (waiting
 //!   for their streams' events) before an out-of-memory error is
 //!   returned.
@@ -33,6 +36,7 @@
 
 mod buffer;
 mod cache;
+mod guard;
 mod live;
 mod stats;
 
@@ -48,6 +52,7 @@ use cache::{hinted, remember, thread_slot, Cache, Key, StreamCache, ALLOCS, CROS
 use cudarc::driver::CudaContext;
 use cuheap_core::size_class::PAGE_SIZE;
 use cuheap_core::{Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
+use guard::Guards;
 use live::LiveBits;
 use stats::{BAD, FLUSHES, GROWS, RETIRES};
 use std::collections::HashMap;
@@ -68,11 +73,12 @@ const FOLD_EVERY: u64 = 64;
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
     /// Bytes one stream's cache may hold: past it, the largest blocks are
-    /// retired until half of it stays.
+    /// shed (back to the heap, see the module's documentation) until half
+    /// of it stays.
     pub stream_cache_limit: usize,
     /// Bytes all the streams' caches may hold together (checked on each
-    /// stream every 64 calls): a cache that finds the total past it
-    /// retires half of its blocks.
+    /// stream every 64 calls): a cache that finds the total past it sheds
+    /// half of its blocks.
     pub cache_limit: usize,
     /// Address space reserved up front; the pool never holds more.
     pub reserve: usize,
@@ -147,6 +153,8 @@ pub struct Pool<B: Backend = CudaBackend> {
     forgotten_counts: Mutex<[u64; 4]>,
     /// Blocks waiting for their streams before they go back to the heap.
     retired: Mutex<Vec<Retired<B>>>,
+    /// What streams shed went to the heap at once; others wait for it.
+    guards: Guards<B>,
     /// Bytes of the blocks in `retired`.
     retired_bytes: AtomicUsize,
     /// Bytes in the streams' caches, as last reported by each.
@@ -250,6 +258,7 @@ impl<B: Backend> Pool<B> {
             grow_lock: Mutex::new(()),
             forgotten_counts: Mutex::new([0; 4]),
             retired: Mutex::new(Vec::new()),
+            guards: Guards::new(pages as usize),
             retired_bytes: AtomicUsize::new(0),
             cached_bytes: AtomicUsize::new(0),
             stream_cache_limit: cfg.stream_cache_limit,
@@ -360,14 +369,47 @@ impl<B: Backend> Pool<B> {
         c.reported = c.bytes;
     }
 
-    /// Retires the largest blocks of `sc`'s cache until at most `keep`
-    /// bytes stay. If no event can be recorded they stay cached.
+    /// Gives the largest blocks of `sc`'s cache back to the heap until at
+    /// most `keep` bytes stay: at once, behind the stream's guard (see
+    /// [`guard`]), so its own stream reuses the memory in any size and
+    /// other streams wait for its work on the device; retired (back once
+    /// an event completes) if no guard can be recorded; still cached if
+    /// no event can be recorded at all.
     fn shed(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>, keep: usize) {
         let blocks = c.shed(keep);
-        if let Err(blocks) = self.retire(&[&sc.stream], blocks) {
-            self.recache(c, blocks);
+        if !blocks.is_empty() {
+            let guarded = self
+                .guards
+                .publish(self.backend(), &self.events, sc.serial, &sc.stream);
+            if let Ok(gen) = guarded {
+                self.bump(RETIRES);
+                let heap = self.heap();
+                for &p in &blocks {
+                    let (from, to) = self.units_of(p);
+                    self.guards.stamp(from, to, gen);
+                }
+                self.guards.before_frees();
+                let slot = thread_slot();
+                for p in blocks {
+                    let _ = heap.free(p as usize as *mut u8, slot);
+                }
+                if sc.released.load(Ordering::Acquire) {
+                    // Forgotten meanwhile: the guard must not outlive it
+                    // as a live one.
+                    self.guards.orphan(sc.serial);
+                }
+            } else if let Err(blocks) = self.retire(&[&sc.stream], blocks) {
+                self.recache(c, blocks);
+            }
         }
         self.report(c);
+    }
+
+    /// The 64 KiB units (pages of the page map) the block at `p` covers.
+    fn units_of(&self, p: u64) -> (usize, usize) {
+        let off = (p - self.handle.data) as usize;
+        let size = self.heap().block_at(p as usize).map_or(1, |b| b.size);
+        (off / PAGE_SIZE, (off + size.max(1)).div_ceil(PAGE_SIZE))
     }
 
     /// Puts blocks back into a cache (their keys from the page map).
@@ -519,7 +561,7 @@ impl<B: Backend> Pool<B> {
                     continue;
                 }
             }
-            self.forget(&mut c);
+            self.forget(&sc, &mut c);
         }
     }
 
@@ -534,7 +576,8 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Keeps a forgotten stream's counters and bytes in the pool's.
-    fn forget(&self, c: &mut Cache<B::Event>) {
+    fn forget(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>) {
+        self.guards.orphan(sc.serial);
         if let Some(e) = c.event.take() {
             self.events.put(e);
         }
@@ -566,6 +609,17 @@ impl<B: Backend> Pool<B> {
         };
         let own = self.cache(stream);
         let (ptr, how) = self.find(&own, key)?;
+        if how.is_none() {
+            // From the heap: after the work of streams that shed it.
+            let (from, to) = self.units_of(ptr);
+            let ordered =
+                self.guards
+                    .order(self.backend(), own.serial, &own.stream, &own.seen, from, to);
+            if let Err(e) = ordered {
+                let _ = self.heap().free(ptr as usize as *mut u8, thread_slot());
+                return Err(e);
+            }
+        }
         match self.heap().block_at(ptr as usize) {
             Ok(b) if self.live.set(&b) => {}
             // A block the heap just handed out is always found and not live.
@@ -730,7 +784,12 @@ impl<B: Backend> Pool<B> {
                 }
                 c.dirty = false;
             }
-            if let Some(e) = &c.event {
+            // Work already done needs no wait.
+            if let Some(e) = c
+                .event
+                .as_ref()
+                .filter(|e| !backend.query(e).unwrap_or(false))
+            {
                 if let Err(err) = backend.wait(&own.stream, e) {
                     c.extend(key, taken);
                     self.report(&mut c);
@@ -768,14 +827,13 @@ impl<B: Backend> Pool<B> {
         if let Ok(p) = heap.alloc(size, slot) {
             return Ok(p as usize as u64);
         }
-        // Cached memory that no stream is using goes back to the heap
-        // first (blocks of busy streams follow when their work is done).
+        // Cached memory goes back to the heap first (behind the guards of
+        // the streams that shed it).
         self.sweep();
         self.retire_all();
-        if self.reclaim(false)? > 0 {
-            if let Ok(p) = heap.alloc(size, slot) {
-                return Ok(p as usize as u64);
-            }
+        self.reclaim(false)?;
+        if let Ok(p) = heap.alloc(size, slot) {
+            return Ok(p as usize as u64);
         }
         if let Some(p) = self.grow_and_alloc(size, slot) {
             return Ok(p);
@@ -794,7 +852,8 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Grows the mapping by at least `size` plus a page per class page (or
-    /// a chunk, or an eighth of what is mapped) and allocates, holding
+    /// a chunk, or 1/32 of what is mapped: few growths, and at most about
+    /// 3% mapped past what is needed) and allocates, holding
     /// `grow_lock` throughout so that no trim unmaps the new memory first.
     fn grow_and_alloc(&self, size: usize, slot: u32) -> Option<u64> {
         let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -810,7 +869,7 @@ impl<B: Backend> Pool<B> {
             };
         let mapped = self.region.mapped();
         // A partial growth still opens what it mapped: try the heap anyway.
-        let _ = self.grow(mapped + need.max(self.region.chunk()).max(mapped / 8));
+        let _ = self.grow(mapped + need.max(self.region.chunk()).max(mapped / 32));
         heap.alloc(size, slot).ok().map(|p| p as usize as u64)
     }
 
@@ -912,7 +971,7 @@ impl<B: Backend> Pool<B> {
                 self.keep(sc);
                 return Err(e);
             }
-            self.forget(&mut sc.lock());
+            self.forget(&sc, &mut sc.lock());
         }
         remember::<B>(self.id, None);
         Ok(())
@@ -947,6 +1006,13 @@ impl<B: Backend> Pool<B> {
             let (from, to) = ((start / PAGE_SIZE) as u32, (mapped / PAGE_SIZE) as u32);
             if !heap.fence(from, to) {
                 break; // a page of the last mapping is in use
+            }
+            // Blocks shed into the mapping went back to the heap with no
+            // wait: their streams' work must be done before it goes.
+            if let Err(e) = self.guards.synchronize_all(self.backend()) {
+                // SAFETY: fenced just above by this trim, under `grow_lock`.
+                unsafe { heap.unfence(from, to) };
+                return Err(e);
             }
             // SAFETY: every page of the mapping is fenced: none is in use
             // and none can be handed out (the invariant `fence` gives).

@@ -28,8 +28,10 @@ pub struct PoolStats {
     /// Blocks taken from another stream's cache (with an event wait).
     pub cross_stream_reuse: u64,
     pub grows: u64,
-    /// Times blocks were retired (a cache past its bound, a dropped
-    /// stream, a pool short of memory, [`Pool::free_after`](super::Pool::free_after)).
+    /// Times a cache gave blocks back: shed to the heap behind its
+    /// stream's guard (a cache past its bound, a dropped stream, a pool
+    /// short of memory), or retired to wait for an event
+    /// ([`Pool::free_after`](super::Pool::free_after)).
     pub retires: u64,
     pub flushes: u64,
     pub bad_frees: u64,

@@ -1,0 +1,201 @@
+//! One pool per device for the process, behind the allocator hooks of
+//! PyTorch (`torch.cuda.memory.CUDAPluggableAllocator`) and CuPy
+//! (`cupy.cuda.CFunctionAllocator`). `python/cuheap.py` switches either to
+//! it.
+//!
+//! A pool is created on a device's first allocation (default settings: a
+//! reservation of the device's memory) and lives until the process ends.
+//! Allocation failures return NULL, with the reason in
+//! [`cuheap_last_error`](crate::cuheap_last_error) (PyTorch then raises
+//! its out-of-memory error).
+
+use crate::pool::{CuheapPool, CuheapPoolConfig, CuheapPoolStats};
+use crate::{device_context, entry, invalid, put};
+use cuheap_host::cudarc::driver::sys;
+use cuheap_host::Result;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
+
+/// Devices a process may use the framework pools on.
+const MAX_DEVICES: usize = 64;
+
+static POOLS: [AtomicPtr<CuheapPool>; MAX_DEVICES] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
+static CREATE: Mutex<()> = Mutex::new(());
+
+/// The process's pool on `device`, created on first use.
+pub fn device_pool(device: c_int) -> Result<&'static CuheapPool> {
+    let Some(slot) = usize::try_from(device).ok().and_then(|d| POOLS.get(d)) else {
+        return invalid(format!("device {device}"));
+    };
+    let p = slot.load(Ordering::Acquire);
+    // SAFETY: a non-null slot holds a leaked pool that is never freed.
+    if let Some(p) = unsafe { p.as_ref() } {
+        return Ok(p);
+    }
+    let _once = CREATE.lock().unwrap_or_else(|p| p.into_inner());
+    let p = slot.load(Ordering::Acquire);
+    // SAFETY: as above.
+    if let Some(p) = unsafe { p.as_ref() } {
+        return Ok(p);
+    }
+    let ctx = device_context(device as usize)?;
+    let pool: &'static CuheapPool = Box::leak(Box::new(CuheapPool::new(
+        ctx,
+        &CuheapPoolConfig::default(),
+    )?));
+    slot.store(
+        pool as *const CuheapPool as *mut CuheapPool,
+        Ordering::Release,
+    );
+    Ok(pool)
+}
+
+/// The allocation both hooks make: NULL for size 0 (no error) and on
+/// failure (the reason kept for `cuheap_last_error`).
+fn alloc_on(size: usize, device: c_int, stream: sys::CUstream, name: &str) -> *mut c_void {
+    if size == 0 {
+        return std::ptr::null_mut();
+    }
+    let mut out = 0u64;
+    let rc = entry(name, || {
+        out = device_pool(device)?.alloc(size, stream)?;
+        Ok(())
+    });
+    if rc == crate::CUHEAP_OK {
+        out as *mut c_void
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+fn free_on(ptr: *mut c_void, device: c_int, stream: sys::CUstream, name: &str) {
+    if ptr.is_null() {
+        return;
+    }
+    let rc = entry(name, || device_pool(device)?.free(ptr as u64, stream));
+    if rc != crate::CUHEAP_OK {
+        // A free has no way to report: say it where a developer looks
+        // (a failed write to stderr is ignored, never a panic).
+        use std::io::Write;
+        // SAFETY: the message is NUL-terminated and owned by this thread.
+        let msg = unsafe { std::ffi::CStr::from_ptr(crate::cuheap_last_error()) };
+        let _ = writeln!(std::io::stderr(), "cuheap: {}", msg.to_string_lossy());
+    }
+}
+
+/// PyTorch's allocation hook: `void* cuheap_torch_alloc(ssize_t size, int
+/// device, cudaStream_t stream)`: `size` bytes on `device` for work on
+/// `stream`, 256-byte aligned; NULL for size 0 and on failure.
+///
+/// # Safety
+///
+/// `stream` is a stream of `device`'s primary context that lives as long
+/// as the process (PyTorch's streams do).
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_torch_alloc(
+    size: isize,
+    device: c_int,
+    stream: sys::CUstream,
+) -> *mut c_void {
+    match usize::try_from(size) {
+        Ok(size) => alloc_on(size, device, stream, "cuheap_torch_alloc"),
+        Err(_) => {
+            entry("cuheap_torch_alloc", || invalid(format!("size {size}")));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// PyTorch's free hook: `void cuheap_torch_free(void* ptr, ssize_t size,
+/// int device, cudaStream_t stream)`: frees `ptr` on `stream` (the stream
+/// it was allocated for): work queued on `stream` later may reuse it at
+/// once, other streams after the device finishes `stream`'s work so far.
+/// A bad free is refused, counted and printed to stderr.
+///
+/// # Safety
+///
+/// As for [`cuheap_torch_alloc`].
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_torch_free(
+    ptr: *mut c_void,
+    _size: isize,
+    device: c_int,
+    stream: sys::CUstream,
+) {
+    free_on(ptr, device, stream, "cuheap_torch_free");
+}
+
+/// CuPy's allocation hook (`CFunctionAllocator`): `void*
+/// cuheap_cupy_malloc(void* param, size_t size, int device)`. CuPy passes
+/// no stream: blocks are ordered on the null stream (see
+/// `cuheap_cupy_free`). `param` is not used.
+#[no_mangle]
+pub extern "C" fn cuheap_cupy_malloc(
+    _param: *mut c_void,
+    size: usize,
+    device: c_int,
+) -> *mut c_void {
+    alloc_on(size, device, std::ptr::null_mut(), "cuheap_cupy_malloc")
+}
+
+/// CuPy's free hook: `void cuheap_cupy_free(void* param, void* ptr, int
+/// device)`: frees on the null stream, where the next allocation reuses
+/// the block at once. That is safe while the program's GPU work runs on
+/// one stream at a time (the null stream, CuPy's default, or one stream
+/// of its own); CuPy passes no stream, so work on several streams at once
+/// is not ordered (such programs keep CuPy's pool).
+///
+/// # Safety
+///
+/// `ptr` is NULL or a block from [`cuheap_cupy_malloc`] (anything else is
+/// refused and reported); no work still queued on another stream than
+/// the next allocation's uses it.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_int) {
+    free_on(ptr, device, std::ptr::null_mut(), "cuheap_cupy_free");
+}
+
+/// Statistics of the process's pool on `device` (created if it was not):
+/// `int cuheap_device_pool_get_stats(int device, cuheap_pool_stats_t*
+/// out)`.
+///
+/// # Safety
+///
+/// `out` is NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_pool_get_stats(
+    device: c_int,
+    out: *mut CuheapPoolStats,
+) -> c_int {
+    entry("cuheap_device_pool_get_stats", || {
+        let s = device_pool(device)?.pool().stats();
+        // SAFETY: NULL or writable.
+        unsafe { put(out, CuheapPoolStats::from(&s), "out") }
+    })
+}
+
+/// Unmaps the memory of the process's pool on `device` that no block
+/// uses, keeping `keep` bytes: `int cuheap_device_pool_trim(int device,
+/// size_t keep, size_t* mapped)` (what `torch.cuda.empty_cache()` and
+/// CuPy's `free_all_blocks` do for their own pools).
+///
+/// # Safety
+///
+/// `mapped` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_pool_trim(
+    device: c_int,
+    keep: usize,
+    mapped: *mut usize,
+) -> c_int {
+    entry("cuheap_device_pool_trim", || {
+        let now = device_pool(device)?.pool().trim(keep)?;
+        if !mapped.is_null() {
+            // SAFETY: writable by the caller's contract.
+            unsafe { mapped.write(now) };
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,262 @@
+//! `cuheap_device_heap_*`: device heaps for kernels that call
+//! `cuheap_malloc`/`cuheap_free` (CUDA C++ linked with cuheap's device
+//! library). The host creates, grows, trims and reads the heap; a kernel
+//! installs it (`cuheap_device_heap_install` in `cuheap.h` launches one
+//! thread that calls `cuheap_init` with the heap's description: a program
+//! built with nvcc cannot write a global defined in cuheap's PTX from the
+//! host).
+
+use crate::{current_context, entry, invalid, put};
+use cuheap_core::PAGE_SIZE;
+use cuheap_host::{DeviceHeap, Gpu, LoadOptions, Result};
+use std::ffi::{c_int, c_uint, c_void};
+
+/// A module with nothing in it: the heap needs a context, not kernels.
+const EMPTY_PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n";
+
+/// What `cuheap_init` takes to make a heap the module's
+/// (`cuheap_heap_desc_t`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CuheapHeapDesc {
+    pub meta: *mut c_void,
+    pub meta_bytes: u64,
+    pub data: *mut c_void,
+    pub data_bytes: u64,
+    pub slots: c_uint,
+}
+
+/// A heap's statistics (`cuheap_stats_t`, as the device side fills it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CuheapStats {
+    pub bytes_in_use: u64,
+    pub bytes_reserved: u64,
+    pub blocks_in_use: u64,
+    pub failed_allocs: u64,
+    pub failed_bytes: u64,
+    pub bad_frees: u64,
+}
+
+/// A device heap (`cuheap_device_heap_t`).
+pub struct CuheapDeviceHeap {
+    heap: DeviceHeap,
+    /// Bytes it may grow to (`initial` for a fixed heap).
+    max: usize,
+}
+
+impl CuheapDeviceHeap {
+    pub fn heap(&self) -> &DeviceHeap {
+        &self.heap
+    }
+
+    pub fn desc(&self) -> CuheapHeapDesc {
+        let h = self.heap.handle();
+        CuheapHeapDesc {
+            meta: h.meta as *mut c_void,
+            meta_bytes: self.heap.meta_bytes() as u64,
+            data: h.data as *mut c_void,
+            data_bytes: h.page_count as u64 * PAGE_SIZE as u64,
+            slots: h.slots,
+        }
+    }
+}
+
+/// Creates a device heap on the current device (its primary context):
+/// `int cuheap_device_heap_create(size_t initial, size_t max,
+/// cuheap_device_heap_t** out)`. `initial` bytes of block memory
+/// (whole 64 KiB pages) are usable at once; with `max` over `initial` the
+/// heap reserves `max` bytes of address space and grows into it
+/// (`cuheap_device_heap_grow`), else it is fixed. Metadata is sized for
+/// the largest size, one slot per SM.
+///
+/// # Safety
+///
+/// `out` is NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_create(
+    initial: usize,
+    max: usize,
+    out: *mut *mut CuheapDeviceHeap,
+) -> c_int {
+    if !out.is_null() {
+        // SAFETY: writable by the caller's contract.
+        unsafe { out.write(std::ptr::null_mut()) };
+    }
+    entry("cuheap_device_heap_create", || {
+        if out.is_null() {
+            return invalid("out is NULL");
+        }
+        if initial == 0 {
+            return invalid("a heap of 0 bytes");
+        }
+        let gpu = Gpu::on_context(&current_context()?, EMPTY_PTX, LoadOptions::default())?;
+        let heap = if max > initial {
+            DeviceHeap::growable(&gpu, initial, max)?
+        } else {
+            DeviceHeap::new(&gpu, initial)?
+        };
+        let h = Box::into_raw(Box::new(CuheapDeviceHeap {
+            heap,
+            max: max.max(initial),
+        }));
+        // SAFETY: checked above; writable by the caller's contract.
+        unsafe { put(out, h, "out") }
+    })
+}
+
+/// # Safety
+///
+/// `heap` is NULL or from `cuheap_device_heap_create` and not destroyed.
+unsafe fn heap_ref<'a>(heap: *const CuheapDeviceHeap) -> Result<&'a CuheapDeviceHeap> {
+    // SAFETY: the caller's contract.
+    match unsafe { heap.as_ref() } {
+        Some(h) => Ok(h),
+        None => invalid("the heap is NULL"),
+    }
+}
+
+/// The heap's description for `cuheap_init`: `int
+/// cuheap_device_heap_desc(const cuheap_device_heap_t*, cuheap_heap_desc_t*
+/// out)`.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `out` is NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_desc(
+    heap: *const CuheapDeviceHeap,
+    out: *mut CuheapHeapDesc,
+) -> c_int {
+    entry("cuheap_device_heap_desc", || {
+        // SAFETY: the caller's contract.
+        let d = unsafe { heap_ref(heap) }?.desc();
+        // SAFETY: NULL or writable.
+        unsafe { put(out, d, "out") }
+    })
+}
+
+/// Reads the heap's statistics (a synchronous copy: call it between the
+/// kernels that allocate): `int cuheap_device_heap_get_stats(const
+/// cuheap_device_heap_t*, cuheap_stats_t* out)`.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `out` is NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_get_stats(
+    heap: *const CuheapDeviceHeap,
+    out: *mut CuheapStats,
+) -> c_int {
+    entry("cuheap_device_heap_get_stats", || {
+        // SAFETY: the caller's contract.
+        let s = unsafe { heap_ref(heap) }?.heap.stats()?;
+        let stats = CuheapStats {
+            bytes_in_use: s.bytes_in_use,
+            bytes_reserved: s.bytes_reserved,
+            blocks_in_use: s.blocks(),
+            failed_allocs: s.failed_allocs,
+            failed_bytes: s.failed_bytes,
+            bad_frees: s.bad_frees,
+        };
+        // SAFETY: NULL or writable.
+        unsafe { put(out, stats, "out") }
+    })
+}
+
+/// Bytes of block memory usable now: `int
+/// cuheap_device_heap_capacity(const cuheap_device_heap_t*, size_t* out)`.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `out` is NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_capacity(
+    heap: *const CuheapDeviceHeap,
+    out: *mut usize,
+) -> c_int {
+    entry("cuheap_device_heap_capacity", || {
+        // SAFETY: the caller's contract.
+        let c = unsafe { heap_ref(heap) }?.heap.capacity();
+        // SAFETY: NULL or writable.
+        unsafe { put(out, c, "out") }
+    })
+}
+
+/// Maps memory until `bytes` are usable: `int
+/// cuheap_device_heap_grow(cuheap_device_heap_t*, size_t bytes, size_t*
+/// usable)`. Kernels launched afterwards, and running kernels looking for
+/// a fresh page, use the new pages; every block keeps its address. A
+/// fixed heap, or `bytes` past the heap's maximum, is
+/// `CUHEAP_ERROR_INVALID`; no device memory `CUHEAP_ERROR_OUT_OF_MEMORY`.
+/// `*usable` (if not NULL) gets the usable bytes afterwards.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `usable` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_grow(
+    heap: *const CuheapDeviceHeap,
+    bytes: usize,
+    usable: *mut usize,
+) -> c_int {
+    entry("cuheap_device_heap_grow", || {
+        // SAFETY: the caller's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        let max = h.max;
+        if bytes > max {
+            return invalid(format!("{bytes} bytes: past the heap's maximum of {max}"));
+        }
+        let now = h.heap.grow(bytes)?;
+        if !usable.is_null() {
+            // SAFETY: writable by the caller's contract.
+            unsafe { usable.write(now) };
+        }
+        Ok(())
+    })
+}
+
+/// Unmaps the growth steps at the end of a growable heap that no block
+/// uses, keeping at least `keep` bytes: `int
+/// cuheap_device_heap_trim(cuheap_device_heap_t*, size_t keep, size_t*
+/// mapped)`. A fixed heap keeps its memory. `*mapped` (if not NULL) gets
+/// the bytes mapped afterwards.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; no kernel that uses it is running or
+/// queued, on any stream; `mapped` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_trim(
+    heap: *const CuheapDeviceHeap,
+    keep: usize,
+    mapped: *mut usize,
+) -> c_int {
+    entry("cuheap_device_heap_trim", || {
+        // SAFETY: the caller's contract (no kernel uses the heap).
+        let now = unsafe { heap_ref(heap)?.heap.trim(keep) }?;
+        if !mapped.is_null() {
+            // SAFETY: writable by the caller's contract.
+            unsafe { mapped.write(now) };
+        }
+        Ok(())
+    })
+}
+
+/// Destroys a heap and frees its memory: `int
+/// cuheap_device_heap_destroy(cuheap_device_heap_t*)`. NULL does nothing.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap that no kernel uses any more (running or
+/// queued) and no later call names.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_destroy(heap: *mut CuheapDeviceHeap) -> c_int {
+    entry("cuheap_device_heap_destroy", || {
+        if !heap.is_null() {
+            // SAFETY: from `cuheap_device_heap_create`, destroyed once.
+            drop(unsafe { Box::from_raw(heap) });
+        }
+        Ok(())
+    })
+}

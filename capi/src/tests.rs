@@ -1,0 +1,367 @@
+//! The C API's contract from Rust: codes, messages, NULLs, caught panics
+//! (any machine), and the pool and heap on a GPU (ignored without one).
+
+use super::*;
+use crate::frameworks::*;
+use crate::heap::*;
+use crate::pool::*;
+use std::ffi::{c_void, CStr};
+use std::ptr::null_mut;
+
+fn last() -> String {
+    // SAFETY: a NUL-terminated string owned by this thread.
+    unsafe { CStr::from_ptr(cuheap_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn null_handles_and_out_pointers_are_refused_with_a_message() {
+    let mut p: *mut c_void = std::ptr::dangling_mut::<c_void>();
+    // SAFETY: NULL handles and valid out pointers.
+    unsafe {
+        assert_eq!(
+            cuheap_pool_alloc(null_mut(), 64, null_mut(), &mut p),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(p.is_null(), "out is NULL after a failed allocation");
+        assert!(
+            last().contains("cuheap_pool_alloc: invalid argument: the pool is NULL"),
+            "{}",
+            last()
+        );
+        assert_eq!(
+            cuheap_pool_free(null_mut(), 16 as *mut c_void, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_pool_release_stream(null_mut(), null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_pool_trim(null_mut(), 0, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        let mut s = CuheapPoolStats::default();
+        assert_eq!(
+            cuheap_pool_get_stats(null_mut(), &mut s),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_pool_create(std::ptr::null(), null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(last().contains("out is NULL"), "{}", last());
+        assert_eq!(cuheap_pool_destroy(null_mut()), CUHEAP_OK);
+
+        let mut st = CuheapStats::default();
+        assert_eq!(
+            cuheap_device_heap_get_stats(null_mut(), &mut st),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(last().contains("the heap is NULL"), "{}", last());
+        assert_eq!(
+            cuheap_device_heap_grow(null_mut(), 1 << 20, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_device_heap_trim(null_mut(), 0, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_device_heap_capacity(null_mut(), null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_device_heap_desc(null_mut(), null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        let mut h = null_mut();
+        assert_eq!(
+            cuheap_device_heap_create(0, 0, &mut h),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(last().contains("a heap of 0 bytes"), "{}", last());
+        assert_eq!(
+            cuheap_device_heap_create(1 << 20, 0, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(cuheap_device_heap_destroy(null_mut()), CUHEAP_OK);
+    }
+}
+
+#[test]
+fn a_panic_is_caught_and_reported_as_internal() {
+    let rc = entry("cuheap_test", || panic!("the invariant broke"));
+    assert_eq!(rc, CUHEAP_ERROR_INTERNAL);
+    assert_eq!(last(), "cuheap_test: internal error: the invariant broke");
+}
+
+#[test]
+fn messages_are_per_thread_and_kept_until_the_next_failure() {
+    let rc = entry("first", || invalid("one"));
+    assert_eq!(rc, CUHEAP_ERROR_INVALID);
+    assert_eq!(entry("second", || Ok(())), CUHEAP_OK);
+    assert_eq!(last(), "first: invalid argument: one");
+    let other = std::thread::spawn(last).join().unwrap();
+    assert_eq!(other, "");
+}
+
+#[test]
+fn errors_map_to_their_codes() {
+    assert_eq!(code_of(&Error::NoDriver), CUHEAP_ERROR_NO_DEVICE);
+    assert_eq!(
+        code_of(&Error::NoDevice("x".into())),
+        CUHEAP_ERROR_NO_DEVICE
+    );
+    let oom = Error::OutOfMemory {
+        requested: 1,
+        reserved: 0,
+        free: 0,
+    };
+    assert_eq!(code_of(&oom), CUHEAP_ERROR_OUT_OF_MEMORY);
+    let short = Error::DeviceHeapExhausted {
+        failed: 1,
+        bytes: 16,
+    };
+    assert_eq!(code_of(&short), CUHEAP_ERROR_OUT_OF_MEMORY);
+    assert_eq!(
+        code_of(&Error::InvalidArgument("x".into())),
+        CUHEAP_ERROR_INVALID
+    );
+}
+
+#[test]
+fn the_framework_hooks_refuse_bad_sizes_and_devices_with_null() {
+    // SAFETY: no stream is used for these.
+    unsafe {
+        assert!(cuheap_torch_alloc(0, 0, null_mut()).is_null());
+        assert!(cuheap_torch_alloc(-5, 0, null_mut()).is_null());
+        assert_eq!(last(), "cuheap_torch_alloc: invalid argument: size -5");
+        assert!(cuheap_torch_alloc(64, -1, null_mut()).is_null());
+        assert!(last().contains("device -1"), "{}", last());
+        assert!(cuheap_torch_alloc(64, MAX_TEST_DEVICE, null_mut()).is_null());
+        // Freeing NULL does nothing, whatever the device: no pool, no
+        // message.
+        let before = last();
+        cuheap_torch_free(null_mut(), 0, 0, null_mut());
+        cuheap_cupy_free(null_mut(), null_mut(), 7);
+        assert_eq!(last(), before);
+    }
+    assert!(cuheap_cupy_malloc(null_mut(), 0, 0).is_null());
+}
+
+const MAX_TEST_DEVICE: c_int = 64;
+
+#[test]
+fn pool_settings_fill_zero_fields_with_defaults() {
+    let d = CuheapPoolConfig::default().resolve(80 << 30);
+    assert_eq!(d.reserve, 80 << 30);
+    assert_eq!((d.initial, d.chunk), (64 << 20, 32 << 20));
+    let c = CuheapPoolConfig {
+        reserve: 32 << 20,
+        initial: 1 << 30,
+        chunk: 2 << 20,
+        ..Default::default()
+    };
+    let r = c.resolve(80 << 30);
+    assert_eq!(
+        (r.reserve, r.initial, r.chunk),
+        (32 << 20, 32 << 20, 2 << 20)
+    );
+}
+
+#[test]
+fn without_a_gpu_creation_says_so() {
+    if driver_present() {
+        return; // a GPU machine: the ignored tests below cover it
+    }
+    let mut p = null_mut();
+    let mut h = null_mut();
+    // SAFETY: valid out pointers.
+    unsafe {
+        assert_eq!(
+            cuheap_pool_create(std::ptr::null(), &mut p),
+            CUHEAP_ERROR_NO_DEVICE
+        );
+        assert!(last().contains("no NVIDIA GPU found"), "{}", last());
+        assert!(p.is_null());
+        assert_eq!(
+            cuheap_device_heap_create(1 << 20, 0, &mut h),
+            CUHEAP_ERROR_NO_DEVICE
+        );
+        assert!(cuheap_torch_alloc(64, 0, null_mut()).is_null());
+        assert!(last().contains("no NVIDIA GPU found"), "{}", last());
+    }
+}
+
+/// A pool on the runtime's context: blocks on two streams, reuse,
+/// statistics, bad frees, trim.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn the_pool_through_the_c_api() {
+    let ctx = device_context(0).unwrap();
+    let s1 = ctx.new_stream().unwrap();
+    let s2 = ctx.new_stream().unwrap();
+    let mut pool = null_mut();
+    // SAFETY: valid pointers; the streams live until released below.
+    unsafe {
+        assert_eq!(
+            cuheap_pool_create(std::ptr::null(), &mut pool),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        let mut a = null_mut();
+        let mut b = null_mut();
+        assert_eq!(
+            cuheap_pool_alloc(pool, 1000, s1.cu_stream(), &mut a),
+            CUHEAP_OK
+        );
+        assert_eq!(
+            cuheap_pool_alloc(pool, 1000, s2.cu_stream(), &mut b),
+            CUHEAP_OK
+        );
+        assert!(!a.is_null() && !b.is_null() && a != b);
+        assert_eq!(a as usize % 256, 0);
+        let mut pts = std::ptr::dangling_mut::<c_void>();
+        assert_eq!(
+            cuheap_pool_alloc(pool, 64, 2 as sys::CUstream, &mut pts),
+            CUHEAP_ERROR_INVALID,
+            "the per-thread stream is refused"
+        );
+        assert!(pts.is_null() && last().contains("per-thread"), "{}", last());
+        let mut zero = std::ptr::dangling_mut::<c_void>();
+        assert_eq!(
+            cuheap_pool_alloc(pool, 0, s1.cu_stream(), &mut zero),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(zero.is_null());
+        let mut huge = null_mut();
+        assert_eq!(
+            cuheap_pool_alloc(pool, usize::MAX / 2, s1.cu_stream(), &mut huge),
+            CUHEAP_ERROR_OUT_OF_MEMORY
+        );
+        assert_eq!(cuheap_pool_free(pool, a, s1.cu_stream()), CUHEAP_OK);
+        // Reused at once on the stream that freed it.
+        let mut again = null_mut();
+        assert_eq!(
+            cuheap_pool_alloc(pool, 1000, s1.cu_stream(), &mut again),
+            CUHEAP_OK
+        );
+        assert_eq!(again, a);
+        assert_eq!(cuheap_pool_free(pool, again, s1.cu_stream()), CUHEAP_OK);
+        assert_eq!(
+            cuheap_pool_free(pool, again, s1.cu_stream()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(last().contains("not a live block"), "{}", last());
+        assert_eq!(
+            cuheap_pool_free(pool, 0x1234 as *mut c_void, s1.cu_stream()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_pool_free(pool, null_mut(), s1.cu_stream()),
+            CUHEAP_OK
+        );
+        assert_eq!(cuheap_pool_free(pool, b, s2.cu_stream()), CUHEAP_OK);
+        let mut st = CuheapPoolStats::default();
+        assert_eq!(cuheap_pool_get_stats(pool, &mut st), CUHEAP_OK);
+        assert_eq!((st.in_use, st.bad_frees, st.same_stream_reuse), (0, 2, 1));
+        assert_eq!((st.allocs, st.frees), (3, 3));
+        assert_eq!(cuheap_pool_release_stream(pool, s1.cu_stream()), CUHEAP_OK);
+        assert_eq!(cuheap_pool_release_stream(pool, s2.cu_stream()), CUHEAP_OK);
+        let mut mapped = 0usize;
+        assert_eq!(cuheap_pool_trim(pool, 0, &mut mapped), CUHEAP_OK);
+        assert!(mapped > 0);
+        assert_eq!(cuheap_pool_destroy(pool), CUHEAP_OK);
+    }
+}
+
+/// An entry point leaves the caller's current context as it found it,
+/// here none.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn the_callers_context_is_restored() {
+    let _ctx = device_context(0).unwrap();
+    let mut pool = null_mut();
+    // SAFETY: clearing this thread's current context; valid out pointers.
+    unsafe {
+        sys::cuCtxSetCurrent(null_mut()).result().unwrap();
+        assert_eq!(
+            cuheap_pool_create(std::ptr::null(), &mut pool),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        let mut now: sys::CUcontext = std::ptr::dangling_mut();
+        sys::cuCtxGetCurrent(&mut now).result().unwrap();
+        assert!(now.is_null(), "the pool's context was left current");
+        assert_eq!(cuheap_pool_destroy(pool), CUHEAP_OK);
+    }
+}
+
+/// A growable heap: its description, growth, statistics, trim.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn the_device_heap_through_the_c_api() {
+    let _ctx = device_context(0).unwrap();
+    let mut h = null_mut();
+    // SAFETY: valid pointers; no kernel uses the heap.
+    unsafe {
+        assert_eq!(
+            cuheap_device_heap_create(64 << 20, 1 << 30, &mut h),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        let mut d = std::mem::zeroed::<CuheapHeapDesc>();
+        assert_eq!(cuheap_device_heap_desc(h, &mut d), CUHEAP_OK);
+        assert_eq!(d.data_bytes, 1 << 30);
+        assert_eq!(d.data as usize % (64 << 10), 0);
+        assert!(d.meta_bytes > 0 && d.slots > 0);
+        let mut cap = 0usize;
+        assert_eq!(cuheap_device_heap_capacity(h, &mut cap), CUHEAP_OK);
+        assert_eq!(cap, 64 << 20);
+        assert_eq!(cuheap_device_heap_grow(h, 256 << 20, &mut cap), CUHEAP_OK);
+        assert!(cap >= 256 << 20);
+        assert_eq!(
+            cuheap_device_heap_grow(h, 2 << 30, &mut cap),
+            CUHEAP_ERROR_INVALID,
+            "past max"
+        );
+        let mut st = CuheapStats::default();
+        assert_eq!(cuheap_device_heap_get_stats(h, &mut st), CUHEAP_OK);
+        assert_eq!(st, CuheapStats::default(), "an unused heap");
+        assert_eq!(cuheap_device_heap_trim(h, 0, &mut cap), CUHEAP_OK);
+        assert!(cap < 256 << 20);
+        assert_eq!(cuheap_device_heap_destroy(h), CUHEAP_OK);
+        let mut fixed = null_mut();
+        assert_eq!(cuheap_device_heap_create(8 << 20, 0, &mut fixed), CUHEAP_OK);
+        assert_eq!(
+            cuheap_device_heap_grow(fixed, 16 << 20, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(cuheap_device_heap_destroy(fixed), CUHEAP_OK);
+    }
+}
+
+/// The hooks PyTorch and CuPy call: one pool per device, shared.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn the_framework_hooks_share_one_pool_per_device() {
+    // SAFETY: the null stream lives as long as the process.
+    unsafe {
+        let a = cuheap_torch_alloc(4096, 0, null_mut());
+        assert!(!a.is_null(), "{}", last());
+        cuheap_torch_free(a, 4096, 0, null_mut());
+        let b = cuheap_cupy_malloc(null_mut(), 4096, 0);
+        assert_eq!(a, b, "the same pool and stream reuse the block");
+        cuheap_cupy_free(null_mut(), b, 0);
+        let mut st = CuheapPoolStats::default();
+        assert_eq!(cuheap_device_pool_get_stats(0, &mut st), CUHEAP_OK);
+        assert_eq!(st.in_use, 0);
+        assert!(st.allocs >= 2);
+        assert_eq!(cuheap_device_pool_trim(0, 0, null_mut()), CUHEAP_OK);
+    }
+}

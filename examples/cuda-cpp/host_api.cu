@@ -1,0 +1,237 @@
+// cuheap's host C API (libcuheap.so) from CUDA C++, beside the device
+// library: a device heap the host creates, grows, reads and trims, used by
+// cuheap_malloc in kernels; the host pool on cudaStream_t streams; bad
+// input; and what a call through the C API costs.
+//
+//   nvcc -arch=sm_90 -rdc=true -I../../include host_api.cu -L. -lcuheap_device \
+//        -L../../target/release -lcuheap -o cuheap_host_api
+//   LD_LIBRARY_PATH=../../target/release ./cuheap_host_api
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+#include "cuheap.h"
+
+static int failures = 0;
+#define CHECK_CUDA(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
+    std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); std::exit(1); } } while (0)
+#define CHECK(x) do { int rc = (x); if (rc != CUHEAP_OK) { \
+    std::printf("cuheap error %d at %s:%d: %s\n", rc, __FILE__, __LINE__, cuheap_last_error()); std::exit(1); } } while (0)
+#define EXPECT(c, ...) do { if (!(c)) { std::printf("FAILED: " __VA_ARGS__); std::printf("\n"); failures++; } } while (0)
+
+// Every thread: a block of 16..4096 bytes, filled with its id.
+__global__ void alloc_fill(unsigned n, unsigned** ptrs, unsigned* errors) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned size = 16u << (i % 9);
+    unsigned* p = static_cast<unsigned*>(cuheap_malloc(size));
+    ptrs[i] = p;
+    if (p == nullptr) { atomicAdd(&errors[0], 1u); return; }
+    for (unsigned k = 0; k < size / 4; k++) p[k] = i;
+}
+// Checks and frees what alloc_fill left (NULLs skipped).
+__global__ void check_free(unsigned n, unsigned** ptrs, unsigned* errors) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || ptrs[i] == nullptr) return;
+    unsigned size = 16u << (i % 9);
+    for (unsigned k = 0; k < size / 4; k++)
+        if (ptrs[i][k] != i) { atomicAdd(&errors[1], 1u); break; }
+    cuheap_free(ptrs[i]);
+    ptrs[i] = nullptr;
+}
+// Pool blocks: fill with a tag on one stream, check it on another.
+__global__ void fill(unsigned* p, size_t words, unsigned tag) {
+    for (size_t k = blockIdx.x * blockDim.x + threadIdx.x; k < words; k += gridDim.x * blockDim.x) p[k] = tag;
+}
+__global__ void check(const unsigned* p, size_t words, unsigned tag, unsigned* errors) {
+    for (size_t k = blockIdx.x * blockDim.x + threadIdx.x; k < words; k += gridDim.x * blockDim.x)
+        if (p[k] != tag) { atomicAdd(errors, 1u); return; }
+}
+
+static cuheap_stats_t heap_stats(cuheap_device_heap_t* h) {
+    cuheap_stats_t s;
+    CHECK(cuheap_device_heap_get_stats(h, &s));
+    return s;
+}
+
+static unsigned long long xorshift(unsigned long long* x) {
+    *x ^= *x << 13; *x ^= *x >> 7; *x ^= *x << 17; return *x;
+}
+
+// The pool benchmark's threaded case (`cuheap bench host`): per thread,
+// its own stream, alloc/free pairs of 256 B..64 KiB with up to 64 live.
+// Completed pairs (a free) per second; failed calls counted.
+static double pairs_per_s(cuheap_pool_t* pool, int threads, int pairs, unsigned long long* failed) {
+    std::vector<cudaStream_t> streams(threads);
+    for (auto& s : streams) CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::atomic<unsigned long long> done{0}, bad{0};
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; t++) {
+        ts.emplace_back([&, t] {
+            cudaSetDevice(0);
+            unsigned long long rng = 0x9E3779B97F4A7C15ull ^ (unsigned long long)t;
+            std::vector<void*> live; live.reserve(64);
+            unsigned long long completed = 0, failures = 0;
+            ready++;
+            while (!go.load()) {}
+            for (int i = 0; i < pairs; i++) {
+                size_t sz = 256 + (size_t)(xorshift(&rng) % (64u << 10));
+                void* p;
+                if (cuheap_pool_alloc(pool, sz, streams[t], &p) == CUHEAP_OK) live.push_back(p); else failures++;
+                if (live.size() >= 64) {
+                    size_t k = (size_t)(xorshift(&rng) % live.size());
+                    void* q = live[k]; live[k] = live.back(); live.pop_back();
+                    if (cuheap_pool_free(pool, q, streams[t]) == CUHEAP_OK) completed++; else failures++;
+                }
+            }
+            for (void* q : live)
+                if (cuheap_pool_free(pool, q, streams[t]) == CUHEAP_OK) completed++; else failures++;
+            done += completed; bad += failures;
+        });
+    }
+    while (ready.load() < threads) {}
+    auto t0 = std::chrono::steady_clock::now();
+    go = true;
+    for (auto& t : ts) t.join();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (auto& s : streams) { CHECK(cuheap_pool_release_stream(pool, s)); CHECK_CUDA(cudaStreamDestroy(s)); }
+    *failed = bad.load();
+    return done.load() / secs;
+}
+
+int main() {
+    CHECK_CUDA(cudaSetDevice(0));
+    CHECK_CUDA(cudaFree(0));  // the runtime's primary context, current
+
+    // --- Bad input: codes and messages, never a crash.
+    void* p = (void*)1;
+    EXPECT(cuheap_pool_alloc(nullptr, 64, 0, &p) == CUHEAP_ERROR_INVALID && p == nullptr,
+           "NULL pool: want CUHEAP_ERROR_INVALID and *out NULL");
+    EXPECT(std::strstr(cuheap_last_error(), "the pool is NULL") != nullptr, "message: %s", cuheap_last_error());
+    cuheap_stats_t st;
+    EXPECT(cuheap_device_heap_get_stats(nullptr, &st) == CUHEAP_ERROR_INVALID, "NULL heap");
+    cuheap_device_heap_t* none = (cuheap_device_heap_t*)1;
+    EXPECT(cuheap_device_heap_create(0, 0, &none) == CUHEAP_ERROR_INVALID && none == nullptr, "heap of 0 bytes");
+    EXPECT(cuheap_device_heap_install(nullptr, 0) == CUHEAP_ERROR_INVALID, "installing a NULL heap");
+
+    // --- A device heap from the host: 64 MiB usable, up to 4 GiB.
+    cuheap_device_heap_t* heap;
+    CHECK(cuheap_device_heap_create(64ull << 20, 4ull << 30, &heap));
+    CHECK(cuheap_device_heap_install(heap, 0));
+    const unsigned n = 1u << 20;
+    unsigned** ptrs; unsigned* errors; unsigned h_err[2];
+    CHECK_CUDA(cudaMalloc(&ptrs, n * sizeof(void*)));
+    CHECK_CUDA(cudaMalloc(&errors, 2 * sizeof(unsigned)));
+    CHECK_CUDA(cudaMemset(errors, 0, 2 * sizeof(unsigned)));
+
+    // 1M threads need about 0.9 GiB: in 64 MiB most get NULL, counted.
+    alloc_fill<<<n / 256, 256>>>(n, ptrs, errors);
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    st = heap_stats(heap);
+    std::printf("64 MiB heap: %u of %u threads got NULL; failed_allocs %llu, %llu bytes short\n",
+                h_err[0], n, st.failed_allocs, st.failed_bytes);
+    EXPECT(h_err[0] > 0 && st.failed_allocs == h_err[0] && st.failed_bytes > 0,
+           "a short heap: NULLs counted in failed_allocs and failed_bytes");
+    check_free<<<n / 256, 256>>>(n, ptrs, errors);
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    EXPECT(h_err[1] == 0, "%u damaged blocks", h_err[1]);
+    st = heap_stats(heap);
+    EXPECT(st.blocks_in_use == 0 && st.bytes_in_use == 0, "after the frees: %llu blocks in use", st.blocks_in_use);
+
+    // Grown between launches (by what ran short, and room to spare), the
+    // same launch succeeds whole.
+    size_t usable = 0;
+    CHECK(cuheap_device_heap_capacity(heap, &usable));
+    CHECK(cuheap_device_heap_grow(heap, usable + 2 * st.failed_bytes, &usable));
+    std::printf("grown to %zu MiB\n", usable >> 20);
+    CHECK_CUDA(cudaMemset(errors, 0, 2 * sizeof(unsigned)));
+    alloc_fill<<<n / 256, 256>>>(n, ptrs, errors);
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    st = heap_stats(heap);
+    EXPECT(h_err[0] == 0 && st.blocks_in_use == n, "after growth: %u NULLs, %llu blocks in use", h_err[0],
+           st.blocks_in_use);
+    check_free<<<n / 256, 256>>>(n, ptrs, errors);
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    EXPECT(h_err[1] == 0, "%u damaged blocks", h_err[1]);
+    st = heap_stats(heap);
+    EXPECT(st.blocks_in_use == 0 && st.bytes_in_use == 0, "at the end: %llu blocks, %llu bytes in use",
+           st.blocks_in_use, st.bytes_in_use);
+    EXPECT(cuheap_device_heap_grow(heap, 8ull << 30, nullptr) == CUHEAP_ERROR_INVALID, "growth past max");
+    size_t mapped = 0;
+    CHECK(cuheap_device_heap_trim(heap, 0, &mapped));
+    std::printf("device heap: 1M threads twice, statistics back to zero, trimmed from %zu to %zu MiB\n",
+                usable >> 20, mapped >> 20);
+    EXPECT(mapped < usable, "trim gave nothing back");
+
+    // --- The pool on cudaStream_t: fill on one stream, check on another,
+    // free there; blocks move between streams with no host wait.
+    cuheap_pool_t* pool;
+    CHECK(cuheap_pool_create(nullptr, &pool));
+    cudaStream_t s1, s2;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaEvent_t filled;
+    CHECK_CUDA(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming));
+    unsigned* bad; CHECK_CUDA(cudaMalloc(&bad, sizeof(unsigned)));
+    CHECK_CUDA(cudaMemset(bad, 0, sizeof(unsigned)));
+    unsigned long long rng = 42;
+    for (unsigned i = 0; i < 2000; i++) {
+        size_t bytes = 256 + (size_t)(xorshift(&rng) % (1u << 20));
+        void* b;
+        CHECK(cuheap_pool_alloc(pool, bytes, i % 2 ? s2 : s1, &b));
+        cudaStream_t mine = i % 2 ? s2 : s1, other = i % 2 ? s1 : s2;
+        fill<<<32, 256, 0, mine>>>((unsigned*)b, bytes / 4, i);
+        CHECK_CUDA(cudaEventRecord(filled, mine));
+        CHECK_CUDA(cudaStreamWaitEvent(other, filled, 0));
+        check<<<32, 256, 0, other>>>((unsigned*)b, bytes / 4, i, bad);
+        CHECK(cuheap_pool_free(pool, b, other));
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    unsigned h_bad = 0;
+    CHECK_CUDA(cudaMemcpy(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost));
+    EXPECT(h_bad == 0, "pool blocks: %u damaged", h_bad);
+    // Bad input on a live pool.
+    void* b;
+    EXPECT(cuheap_pool_alloc(pool, 0, s1, &b) == CUHEAP_ERROR_INVALID && b == nullptr, "size 0");
+    EXPECT(cuheap_pool_alloc(pool, (size_t)1 << 62, s1, &b) == CUHEAP_ERROR_OUT_OF_MEMORY && b == nullptr,
+           "2^62 bytes: want CUHEAP_ERROR_OUT_OF_MEMORY");
+    CHECK(cuheap_pool_alloc(pool, 4096, s1, &b));
+    CHECK(cuheap_pool_free(pool, b, s1));
+    EXPECT(cuheap_pool_free(pool, b, s1) == CUHEAP_ERROR_INVALID, "double free");
+    EXPECT(cuheap_pool_free(pool, bad, s1) == CUHEAP_ERROR_INVALID, "foreign pointer");
+    EXPECT(cuheap_pool_free(pool, nullptr, s1) == CUHEAP_OK, "free(NULL) does nothing");
+    EXPECT(cuheap_pool_alloc(pool, 64, cudaStreamPerThread, &b) == CUHEAP_ERROR_INVALID && b == nullptr,
+           "cudaStreamPerThread is refused");
+    cuheap_pool_stats_t ps;
+    CHECK(cuheap_pool_get_stats(pool, &ps));
+    std::printf("pool: %llu allocs, %llu frees, %llu in use, %llu reused on their stream, %llu across streams, "
+                "%llu bad frees, %llu MiB mapped\n", ps.allocs, ps.frees, ps.in_use, ps.same_stream_reuse,
+                ps.cross_stream_reuse, ps.bad_frees, ps.reserved >> 20);
+    EXPECT(ps.in_use == 0 && ps.bad_frees == 2 && ps.allocs == 2001 && ps.frees == 2001,
+           "pool statistics after the frees");
+    CHECK(cuheap_pool_release_stream(pool, s1));
+    CHECK(cuheap_pool_release_stream(pool, s2));
+
+    // --- What a call costs: the pool benchmark's threaded case.
+    for (int threads : {1, 8}) {
+        unsigned long long failed = 0;
+        double r = pairs_per_s(pool, threads, 200000, &failed);
+        std::printf("C API, %d thread%s (own stream each), 256 B..64 KiB: %.2f M pairs/s, %.1f ns per pair "
+                    "per thread, %llu failed calls\n", threads, threads > 1 ? "s" : "", r / 1e6,
+                    1e9 * threads / r, failed);
+        EXPECT(failed == 0, "%llu failed calls", failed);
+    }
+    CHECK(cuheap_pool_trim(pool, 0, &mapped));
+    CHECK(cuheap_pool_destroy(pool));
+    CHECK(cuheap_device_heap_destroy(heap));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    if (failures) { std::printf("cuheap host API example: %d checks FAILED\n", failures); return 1; }
+    std::printf("cuheap host API example: OK\n");
+    return 0;
+}

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""A transformer training loop and an allocation-heavy loop under each of
+PyTorch's allocators and cuheap's pool, same seed, one process each:
+
+    python3 examples/pytorch/train.py [--steps 200] [--out FILE.md]
+
+- native: PyTorch's caching allocator;
+- cudaMallocAsync: PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync;
+- expandable_segments: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True;
+- cuheap: cuheap's pool (python/cuheap.py, libcuheap.so).
+
+Training: a 6-layer, d_model 512 torch.nn.TransformerEncoder with a
+linear head, AdamW, random inputs and labels with a sequence length
+that changes every step (64..512, batch 32). Reported per allocator: the
+median step time (host clock around a synchronised step), peak device
+memory by the driver's reading (cudaMemGetInfo after each forward pass and
+each step, less the reading before the model existed), and every step's
+loss, compared with the native allocator's. "native again" is a second
+run of the native allocator: whether the loop itself is deterministic.
+
+Allocation-heavy: each iteration makes 64 tensors of 1..65,536 floats,
+shapes drawn anew, computes on them and drops them; the median iteration.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = [
+    ("native", {}),
+    ("cudaMallocAsync", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+    ("expandable_segments", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    ("cuheap", {}),
+    ("native again", {}),
+]
+
+
+def child(mode, steps, heavy_iters):
+    if mode == "cuheap":
+        sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+        import cuheap
+
+        cuheap.use_in_torch()
+    import torch
+    import torch.nn as nn
+
+    dev = torch.device("cuda")
+    free0, total = torch.cuda.mem_get_info()
+    base = total - free0
+    peak = 0
+
+    def sample():
+        nonlocal peak
+        free, total = torch.cuda.mem_get_info()
+        peak = max(peak, total - free - base)
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(
+        d_model=512, nhead=8, dim_feedforward=2048, dropout=0.1, batch_first=True
+    )
+    encoder = nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
+    head = nn.Linear(512, 1000)
+    model = nn.ModuleDict({"encoder": encoder, "head": head}).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lengths = torch.Generator().manual_seed(1)
+    data = torch.Generator(device=dev).manual_seed(2)
+    losses, times = [], []
+    for step in range(steps):
+        seq = 64 + 32 * int(torch.randint(0, 15, (1,), generator=lengths))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x = torch.randn(32, seq, 512, device=dev, generator=data)
+        y = torch.randint(0, 1000, (32, seq), device=dev, generator=data)
+        out = model["head"](model["encoder"](x))
+        loss = nn.functional.cross_entropy(out.reshape(-1, 1000), y.reshape(-1))
+        sample()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        sample()
+    train_peak = peak
+
+    # Allocation-heavy: many small tensors of changing shapes.
+    del model, opt, out, loss, x, y
+    shapes = torch.Generator().manual_seed(3)
+    heavy, checks = [], []
+    for it in range(heavy_iters):
+        sizes = torch.randint(1, 1 << 16, (64,), generator=shapes).tolist()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ts = [torch.full((n,), float(k), device=dev) * 2 + 1 for k, n in enumerate(sizes)]
+        parts = torch.cat([t[:8] for t in ts])
+        total_sum = sum(t.sum() for t in ts[::8])
+        checks.append(float(parts.sum() + total_sum))
+        del ts, parts, total_sum
+        torch.cuda.synchronize()
+        heavy.append(time.perf_counter() - t0)
+    sample()
+    result = {
+        "mode": mode,
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "step_ms": 1e3 * statistics.median(times[20:] if len(times) > 40 else times),
+        "peak_mib": train_peak / 2**20,
+        "peak_all_mib": peak / 2**20,
+        "losses": losses,
+        "heavy_ms": 1e3 * statistics.median(heavy[10:] if len(heavy) > 20 else heavy),
+        "heavy_check": sum(checks),
+    }
+    if mode == "cuheap":
+        import cuheap
+
+        result["pool"] = cuheap.stats(0)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--heavy-iters", type=int, default=300)
+    ap.add_argument("--out", help="also write the report (markdown) here, and .json beside it")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child, a.steps, a.heavy_iters)
+        return
+    results = []
+    for mode, env in MODES:
+        e = dict(os.environ)
+        e.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        e.update(env)
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--steps", str(a.steps),
+               "--heavy-iters", str(a.heavy_iters)]
+        p = subprocess.run(cmd, env=e, capture_output=True, text=True)
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        if p.returncode != 0 or not line:
+            print(f"{mode}: FAILED (exit {p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+            results.append({"mode": mode, "failed": True})
+            continue
+        results.append(json.loads(line[0][len("RESULT "):]))
+        print(f"{mode}: done", file=sys.stderr)
+    report = render(results, a.steps)
+    print(report)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(report)
+        with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
+            json.dump(results, f, indent=1)
+    if any(r.get("failed") for r in results):
+        sys.exit(1)
+
+
+def render(results, steps):
+    ok = [r for r in results if not r.get("failed")]
+    native = next((r for r in ok if r["mode"] == "native"), None)
+    dev = ok[0]["device"] if ok else "?"
+    out = [f"# PyTorch allocators, one process each: {dev}, torch {ok[0]['torch'] if ok else '?'}", ""]
+    out.append(f"Training: 6-layer d_model 512 TransformerEncoder, batch 32, sequence 64..512 changing "
+               f"every step, {steps} steps; median step time of steps 21..{steps}; peak = driver reading "
+               f"(cudaMemGetInfo) after each forward pass and step, less the reading before the model.")
+    out.append("Allocation-heavy: 64 tensors of 1..65,536 floats per iteration, new shapes each time; "
+               "median iteration.")
+    out.append("")
+    out.append("| allocator | step ms | vs native | peak MiB (training) | losses vs native | "
+               f"loss at step {min(120, steps)} | alloc-heavy ms/iter | vs native |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if r.get("failed"):
+            out.append(f"| {r['mode']} | FAILED | | | | | | |")
+            continue
+        if native:
+            diffs = [abs(x - y) for x, y in zip(r["losses"], native["losses"])]
+            same = "identical" if max(diffs) == 0 else f"max diff {max(diffs):.3g}"
+            vs = f"{r['step_ms'] / native['step_ms']:.3f}x"
+            hv = f"{r['heavy_ms'] / native['heavy_ms']:.3f}x"
+        else:
+            same = vs = hv = "-"
+        k = min(120, steps) - 1
+        out.append(f"| {r['mode']} | {r['step_ms']:.2f} | {vs} | {r['peak_mib']:.0f} | {same} | "
+                   f"{r['losses'][k]:.6f} | {r['heavy_ms']:.3f} | {hv} |")
+    pool = next((r.get("pool") for r in ok if r["mode"] == "cuheap"), None)
+    if pool:
+        out.append("")
+        out.append("cuheap pool at the end: " + ", ".join(f"{k} {v}" for k, v in pool.items()))
+    checks = {r["mode"]: r["heavy_check"] for r in ok}
+    out.append("")
+    out.append("alloc-heavy results equal under every allocator: "
+               + ("yes" if len(set(checks.values())) <= 1 else f"NO: {checks}"))
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()

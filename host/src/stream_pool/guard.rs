@@ -1,0 +1,177 @@
+//! Guards: what a stream's cache sheds goes straight back to the heap, so
+//! that the same stream reuses the memory at once, in any size (stream
+//! order already puts its new work after the old), while another stream
+//! that gets that memory from the heap first waits, on the device, for the
+//! work of the streams that shed it.
+//!
+//! Protocol:
+//! - a stream `S` that sheds records its guard event on `S` (covering all
+//!   of `S`'s work so far, every use of the shed blocks among it), takes
+//!   the next generation for it ([`Guards::publish`]), stamps the pages of
+//!   the shed blocks with that generation ([`Guards::stamp`]), then frees
+//!   the blocks to the heap;
+//! - a stream `T` that got a block from the heap calls [`Guards::order`]
+//!   with the block's pages: if a page carries a generation past what `T`
+//!   has seen, `T` waits (a device-side wait, no host wait) on every other
+//!   stream's guard published since, unless its work is already done.
+//!   The heap hands `T` a block only after `S` freed it, which is after
+//!   `S` stamped it (a release fence before the free, an acquire fence
+//!   after the allocation), so `T` sees the stamp. A block whose pages
+//!   carry no new stamp came from memory no stream shed since `T` looked:
+//!   no wait, so streams are not tied to each other's work for nothing.
+//! - Guards are keyed by the cache's serial, never reused (a stream
+//!   handle can be). A cache the pool forgets leaves its guard as an
+//!   orphan, which every stream still orders after until its work is done.
+//! - [`Guards::synchronize_all`] waits on the host for every guard: trim
+//!   calls it before it unmaps memory that shed blocks may have been in.
+
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::reclaim::EventPool;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+struct Entry<E> {
+    /// The cache's serial; `None` once the pool forgot the cache.
+    cache: Option<u64>,
+    /// Generation of the last record.
+    gen: u64,
+    event: E,
+}
+
+struct State<E> {
+    gen: u64,
+    entries: Vec<Entry<E>>,
+}
+
+/// The guards of one pool.
+pub(super) struct Guards<B: Backend> {
+    state: Mutex<State<B::Event>>,
+    /// Per page of the heap: the generation of the last guarded shed of a
+    /// block on it.
+    stamps: Vec<AtomicU64>,
+}
+
+impl<B: Backend> Guards<B> {
+    /// Guards for a heap of `pages` pages.
+    pub(super) fn new(pages: usize) -> Guards<B> {
+        Guards {
+            state: Mutex::new(State {
+                gen: 0,
+                entries: Vec::new(),
+            }),
+            stamps: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Records the work enqueued on `stream` (the stream of cache
+    /// `serial`) so far as its guard; returns its generation, for
+    /// [`Guards::stamp`]. Call it before freeing to the heap the blocks
+    /// that work used; on an error nothing is published and the blocks
+    /// must not be freed.
+    pub(super) fn publish(
+        &self,
+        backend: &B,
+        events: &EventPool<B>,
+        serial: u64,
+        stream: &B::Stream,
+    ) -> Result<u64> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // Orphans whose work is done guard nothing any more.
+        let mut i = 0;
+        while i < st.entries.len() {
+            let e = &st.entries[i];
+            if e.cache.is_none() && backend.query(&e.event).unwrap_or(false) {
+                events.put(st.entries.swap_remove(i).event);
+            } else {
+                i += 1;
+            }
+        }
+        let at = match st.entries.iter().position(|e| e.cache == Some(serial)) {
+            Some(at) => at,
+            None => {
+                let event = events.get(backend)?;
+                st.entries.push(Entry {
+                    cache: Some(serial),
+                    gen: 0,
+                    event,
+                });
+                st.entries.len() - 1
+            }
+        };
+        backend.record(&st.entries[at].event, stream)?;
+        st.gen += 1;
+        let gen = st.gen;
+        st.entries[at].gen = gen;
+        Ok(gen)
+    }
+
+    /// Stamps pages `from..to` with generation `gen`; after the stamps of
+    /// a shed, a release fence, then the frees.
+    pub(super) fn stamp(&self, from: usize, to: usize, gen: u64) {
+        for s in &self.stamps[from..to.min(self.stamps.len())] {
+            s.fetch_max(gen, Ordering::Relaxed);
+        }
+    }
+
+    /// The fence between a shed's stamps and its frees.
+    pub(super) fn before_frees(&self) {
+        fence(Ordering::Release);
+    }
+
+    /// Orders `stream` (of cache `serial`) after the guards of the streams
+    /// that shed the memory of pages `from..to` since `seen`, and raises
+    /// `seen`. Call it after taking a block from the heap and before
+    /// handing it out.
+    pub(super) fn order(
+        &self,
+        backend: &B,
+        serial: u64,
+        stream: &B::Stream,
+        seen: &AtomicU64,
+        from: usize,
+        to: usize,
+    ) -> Result<()> {
+        // Pairs with the release fence before the frees, through the
+        // heap's atomics on the block just taken.
+        fence(Ordering::Acquire);
+        let since = seen.load(Ordering::Acquire);
+        let newest = self.stamps[from..to.min(self.stamps.len())]
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
+        if newest <= since {
+            return Ok(());
+        }
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for e in &st.entries {
+            // Work already done needs no wait (a wait would also tie the
+            // stream to later work of the other one for nothing).
+            if e.gen > since && e.cache != Some(serial) && !backend.query(&e.event).unwrap_or(false)
+            {
+                backend.wait(stream, &e.event)?;
+            }
+        }
+        seen.fetch_max(st.gen, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Waits on the host until the work of every guard is done.
+    pub(super) fn synchronize_all(&self, backend: &B) -> Result<()> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for e in &st.entries {
+            backend.synchronize(&e.event)?;
+        }
+        Ok(())
+    }
+
+    /// The pool forgets cache `serial`: its guard stays, as an orphan,
+    /// until its work is done.
+    pub(super) fn orphan(&self, serial: u64) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for e in st.entries.iter_mut().filter(|e| e.cache == Some(serial)) {
+            e.cache = None;
+        }
+    }
+}
