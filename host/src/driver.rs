@@ -36,10 +36,12 @@ pub struct DeviceInfo {
 }
 
 /// True when `libcuda` can be loaded (checked before any other driver call,
-/// because `cudarc` panics on first use when it is missing).
+/// because `cudarc` panics on first use when it is missing). Looked up
+/// once: each look opens the library, which takes microseconds.
 pub fn driver_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     // SAFETY: only tries to open the library; no driver call is made.
-    unsafe { sys::is_culib_present() }
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
 /// Initialises the driver and counts the devices: [`Error::NoDriver`] or
