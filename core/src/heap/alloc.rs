@@ -63,20 +63,6 @@ impl<W: Word> Heap<'_, W> {
         }
     }
 
-    /// [`Heap::alloc`], with the search for a span (a size over the
-    /// largest class) starting at page `hint` instead of the slot's part of
-    /// the heap: a caller that passes the end of its last span searches
-    /// next-fit, and does not walk again over the pages it took before.
-    /// Class sizes are served as by [`Heap::alloc`].
-    pub fn alloc_near(&self, size: usize, slot: u32, hint: u32) -> Result<*mut u8, AllocError> {
-        match class_of(size) {
-            Some(_) => self.alloc(size, slot),
-            None => self
-                .try_span_from(size, slot, Some(hint))
-                .map_err(|e| self.count_failure(e, size)),
-        }
-    }
-
     /// Allocates `size` bytes at a multiple of `align` (a power of two up
     /// to [`MAX_ALIGN`](crate::size_class::MAX_ALIGN), the page size; 16
     /// and below are what [`Heap::alloc`] gives anyway). The block is the

@@ -18,17 +18,6 @@ impl<W: Word> Heap<'_, W> {
 
     /// [`Heap::alloc_span`] without counting a failure.
     pub(super) fn try_span(&self, size: usize, slot: u32) -> Result<*mut u8, AllocError> {
-        self.try_span_from(size, slot, None)
-    }
-
-    /// [`Heap::try_span`], the search starting at page `hint` when given
-    /// (else in the slot's part of the heap).
-    pub(super) fn try_span_from(
-        &self,
-        size: usize,
-        slot: u32,
-        hint: Option<u32>,
-    ) -> Result<*mut u8, AllocError> {
         if size == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -42,7 +31,7 @@ impl<W: Word> Heap<'_, W> {
         let limit = self.limit();
         let floor = self.fresh_floor(limit);
         let part = (slot % self.slots) as u64 * (limit - floor) as u64 / self.slots as u64;
-        let hint = hint.unwrap_or(floor + part as u32);
+        let hint = floor + part as u32;
         let mut start = map.claim_run_within(pages as u32, 1, floor, limit, hint);
         if start.is_none() && floor > 0 {
             // The last step's pages are taken: pages freed below it first,

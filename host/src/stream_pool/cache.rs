@@ -226,23 +226,6 @@ pub(super) fn thread_slot() -> u32 {
     SLOT.with(|s| *s)
 }
 
-thread_local! {
-    /// Where this thread's next span search starts: (pool id, page).
-    static SPAN_NEXT: std::cell::Cell<(u64, u32)> = const { std::cell::Cell::new((0, 0)) };
-}
-
-/// The page after this thread's last span in pool `pool` (0 at first).
-pub(super) fn span_hint(pool: u64) -> u32 {
-    SPAN_NEXT.with(|n| match n.get() {
-        (p, page) if p == pool => page,
-        _ => 0,
-    })
-}
-
-pub(super) fn set_span_hint(pool: u64, page: u32) {
-    SPAN_NEXT.with(|n| n.set((pool, page)));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

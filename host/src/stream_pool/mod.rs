@@ -48,10 +48,7 @@ use crate::driver::CudaBackend;
 use crate::error::{Error, Result};
 use crate::reclaim::EventPool;
 use crate::vmm::{Part, Region, Reservation};
-use cache::{
-    hinted, remember, set_span_hint, span_hint, thread_slot, Cache, Key, StreamCache, ALLOCS,
-    CROSS, FREES, SAME,
-};
+use cache::{hinted, remember, thread_slot, Cache, Key, StreamCache, ALLOCS, CROSS, FREES, SAME};
 use cudarc::driver::CudaContext;
 use cuheap_core::size_class::PAGE_SIZE;
 use cuheap_core::{Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
@@ -648,40 +645,21 @@ impl<B: Backend> Pool<B> {
         if let Some(p) = own.lock().pop(key) {
             return Ok((p, Some(SAME)));
         }
-        if let Some(p) = self.take_from_heap(key) {
-            return Ok((p, None));
+        let from_heap = || self.heap().alloc(key.bytes(), thread_slot()).ok();
+        if let Some(p) = from_heap() {
+            return Ok((p as usize as u64, None));
         }
         // A failed query is not this allocation's failure: steal or grow
         // instead.
         if self.reclaim(false).unwrap_or(0) > 0 {
-            if let Some(p) = self.take_from_heap(key) {
-                return Ok((p, None));
+            if let Some(p) = from_heap() {
+                return Ok((p as usize as u64, None));
             }
         }
         if let Some(p) = self.steal(own, key)? {
             return Ok((p, Some(CROSS)));
         }
         Ok((self.fresh(key)?, None))
-    }
-
-    /// A block of `key` from the heap as mapped now. Spans are searched
-    /// next-fit: from the end of the thread's last span, so a thread does
-    /// not walk again over the pages it took before (first fit from a
-    /// fixed place made 10,000 live spans cost microseconds each).
-    fn take_from_heap(&self, key: Key) -> Option<u64> {
-        let (heap, slot) = (self.heap(), thread_slot());
-        let p = match key {
-            Key::Span(pages) => {
-                let p = heap
-                    .alloc_near(key.bytes(), slot, span_hint(self.id))
-                    .ok()? as usize as u64;
-                let page = ((p - self.handle.data) / PAGE_SIZE as u64) as u32;
-                set_span_hint(self.id, page + pages);
-                p
-            }
-            Key::Class(_) => heap.alloc(key.bytes(), slot).ok()? as usize as u64,
-        };
-        Some(p)
     }
 
     /// Frees a block on `stream`: later work on `stream` may reuse it at
