@@ -18,9 +18,9 @@ pub mod frameworks;
 pub mod heap;
 pub mod pool;
 
-use cuheap_host::cudarc::driver::{result, sys, CudaContext, DriverError};
+use cuheap_host::cudarc::driver::{result, sys, CudaContext};
 use cuheap_host::driver::{driver_present, init_driver};
-use cuheap_host::{Error, Result};
+use cuheap_host::{Context, Error, Result};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -140,11 +140,6 @@ const _: () = assert!(std::mem::size_of::<heap::CuheapStats>() == 48);
 const _: () = assert!(std::mem::size_of::<pool::CuheapPoolConfig>() == 40);
 const _: () = assert!(std::mem::size_of::<heap::CuheapHeapDesc>() == 40);
 
-/// A driver error as the host crate reports it.
-fn driver(what: &'static str) -> impl FnOnce(DriverError) -> Error {
-    move |source| Error::Driver { what, source }
-}
-
 /// The primary context of device `ordinal` (the CUDA runtime's context
 /// for it), current on this thread until the entry point returns.
 pub(crate) fn device_context(ordinal: usize) -> Result<Arc<CudaContext>> {
@@ -152,7 +147,7 @@ pub(crate) fn device_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     if ordinal >= count {
         return invalid(format!("device {ordinal}: the machine has {count}"));
     }
-    CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))
+    CudaContext::new(ordinal).during("cuDevicePrimaryCtxRetain")
 }
 
 /// The primary context of the current device: the device of the context
@@ -166,7 +161,7 @@ pub(crate) fn current_context() -> Result<Arc<CudaContext>> {
     // SAFETY: out-parameter.
     unsafe { sys::cuCtxGetCurrent(&mut current) }
         .result()
-        .map_err(driver("cuCtxGetCurrent"))?;
+        .during("cuCtxGetCurrent")?;
     if current.is_null() {
         return device_context(0);
     }
@@ -174,10 +169,10 @@ pub(crate) fn current_context() -> Result<Arc<CudaContext>> {
     // SAFETY: out-parameter; a context is current.
     unsafe { sys::cuCtxGetDevice(&mut device) }
         .result()
-        .map_err(driver("cuCtxGetDevice"))?;
+        .during("cuCtxGetDevice")?;
     let mut ordinal = None;
     for i in 0..count {
-        if result::device::get(i as i32).map_err(driver("cuDeviceGet"))? == device {
+        if result::device::get(i as i32).during("cuDeviceGet")? == device {
             ordinal = Some(i);
             break;
         }

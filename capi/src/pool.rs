@@ -3,7 +3,7 @@
 
 use crate::{current_context, entry, invalid, put};
 use cuheap_host::cudarc::driver::{sys, CudaContext, CudaStream};
-use cuheap_host::{Pool, PoolConfig, PoolStats, Result};
+use cuheap_host::{Context, Pool, PoolConfig, PoolStats, Result};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -120,12 +120,7 @@ thread_local! {
 impl CuheapPool {
     /// A pool in `ctx` (a primary context).
     pub fn new(ctx: Arc<CudaContext>, cfg: &CuheapPoolConfig) -> Result<CuheapPool> {
-        let memory = ctx
-            .total_mem()
-            .map_err(|source| cuheap_host::Error::Driver {
-                what: "cuDeviceTotalMem",
-                source,
-            })?;
+        let memory = ctx.total_mem().during("cuDeviceTotalMem")?;
         let pool = Pool::new(&ctx, cfg.resolve(memory))?;
         Ok(CuheapPool {
             pool,

@@ -50,7 +50,7 @@ pub enum Error {
 }
 
 /// Attaches the name of the failing call to a driver error.
-pub(crate) trait Context<T> {
+pub trait Context<T> {
     fn during(self, what: &'static str) -> Result<T>;
 }
 

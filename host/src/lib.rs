@@ -46,7 +46,7 @@ pub use driver::{
     CudaBackend, DeviceInfo, DeviceMemory, DevicePtr, Function, Gpu, Kernel, KernelArgs,
     LaunchConfig, LoadOptions, Module, Param,
 };
-pub use error::{Error, Result};
+pub use error::{Context, Error, Result};
 pub use growth::{GrowthService, GrowthStats};
 pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};
 pub use trace::{read_trace, Logged, Resource, TraceEvent};

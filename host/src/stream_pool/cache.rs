@@ -191,7 +191,6 @@ thread_local! {
 
 /// This thread's cache for `stream` of pool `pool`, if it used it last.
 pub(super) fn hinted<B: Backend>(pool: u64, stream: usize) -> Option<Arc<StreamCache<B>>> {
-    use std::sync::atomic::Ordering;
     LAST.with(|l| match &*l.borrow() {
         Some((p, s, c)) if *p == pool && *s == stream => c
             .clone()

@@ -385,7 +385,8 @@ impl<B: Backend> Pool<B> {
                 self.bump(RETIRES);
                 let heap = self.heap();
                 for &p in &blocks {
-                    let (from, to) = self.units_of(p);
+                    let size = heap.block_at(p as usize).map_or(1, |b| b.size);
+                    let (from, to) = self.units_of(p, size);
                     self.guards.stamp(from, to, gen);
                 }
                 self.guards.before_frees();
@@ -405,10 +406,10 @@ impl<B: Backend> Pool<B> {
         self.report(c);
     }
 
-    /// The 64 KiB units (pages of the page map) the block at `p` covers.
-    fn units_of(&self, p: u64) -> (usize, usize) {
+    /// The 64 KiB units (pages of the page map) that `size` bytes at `p`
+    /// cover.
+    fn units_of(&self, p: u64, size: usize) -> (usize, usize) {
         let off = (p - self.handle.data) as usize;
-        let size = self.heap().block_at(p as usize).map_or(1, |b| b.size);
         (off / PAGE_SIZE, (off + size.max(1)).div_ceil(PAGE_SIZE))
     }
 
@@ -609,9 +610,12 @@ impl<B: Backend> Pool<B> {
         };
         let own = self.cache(stream);
         let (ptr, how) = self.find(&own, key)?;
+        // A block the heap just handed out is always found and not live.
+        let broken = || Error::InvalidArgument(format!("pool state broken at {ptr:#x}"));
+        let b = self.heap().block_at(ptr as usize).map_err(|_| broken())?;
         if how.is_none() {
             // From the heap: after the work of streams that shed it.
-            let (from, to) = self.units_of(ptr);
+            let (from, to) = self.units_of(ptr, b.size);
             let ordered =
                 self.guards
                     .order(self.backend(), own.serial, &own.stream, &own.seen, from, to);
@@ -620,14 +624,8 @@ impl<B: Backend> Pool<B> {
                 return Err(e);
             }
         }
-        match self.heap().block_at(ptr as usize) {
-            Ok(b) if self.live.set(&b) => {}
-            // A block the heap just handed out is always found and not live.
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "pool state broken at {ptr:#x}"
-                )))
-            }
+        if !self.live.set(&b) {
+            return Err(broken());
         }
         let mut c = own.lock();
         if let Some(how) = how {
