@@ -26,17 +26,8 @@ pub struct CuheapHeapDesc {
     pub slots: c_uint,
 }
 
-/// A heap's statistics (`cuheap_stats_t`, as the device side fills it).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CuheapStats {
-    pub bytes_in_use: u64,
-    pub bytes_reserved: u64,
-    pub blocks_in_use: u64,
-    pub failed_allocs: u64,
-    pub failed_bytes: u64,
-    pub bad_frees: u64,
-}
+/// A heap's statistics (`cuheap_stats_t`), as the device side fills them.
+pub use cuheap_core::CStats as CuheapStats;
 
 /// A device heap (`cuheap_device_heap_t`).
 pub struct CuheapDeviceHeap {
@@ -151,16 +142,8 @@ pub unsafe extern "C" fn cuheap_device_heap_get_stats(
     entry("cuheap_device_heap_get_stats", || {
         // SAFETY: the caller's contract.
         let s = unsafe { heap_ref(heap) }?.heap.stats()?;
-        let stats = CuheapStats {
-            bytes_in_use: s.bytes_in_use,
-            bytes_reserved: s.bytes_reserved,
-            blocks_in_use: s.blocks(),
-            failed_allocs: s.failed_allocs,
-            failed_bytes: s.failed_bytes,
-            bad_frees: s.bad_frees,
-        };
         // SAFETY: NULL or writable.
-        unsafe { put(out, stats, "out") }
+        unsafe { put(out, CuheapStats::from(&s), "out") }
     })
 }
 

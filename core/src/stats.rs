@@ -86,6 +86,39 @@ impl Default for Counters {
     }
 }
 
+/// The statistics of the C API (`cuheap_stats_t` in `include/cuheap.h`):
+/// what the device's `cuheap_get_stats` and the host's
+/// `cuheap_device_heap_get_stats` fill, all `unsigned long long`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CStats {
+    /// Bytes of the blocks handed out and not freed.
+    pub bytes_in_use: u64,
+    /// Bytes of the pages the heap has taken (its footprint).
+    pub bytes_reserved: u64,
+    /// Blocks handed out and not freed (spans included).
+    pub blocks_in_use: u64,
+    /// Allocations that returned null.
+    pub failed_allocs: u64,
+    /// Their bytes, for those that failed for want of memory.
+    pub failed_bytes: u64,
+    /// Double, interior and foreign frees refused.
+    pub bad_frees: u64,
+}
+
+impl From<&Stats> for CStats {
+    fn from(s: &Stats) -> CStats {
+        CStats {
+            bytes_in_use: s.bytes_in_use,
+            bytes_reserved: s.bytes_reserved,
+            blocks_in_use: s.blocks(),
+            failed_allocs: s.failed_allocs,
+            failed_bytes: s.failed_bytes,
+            bad_frees: s.bad_frees,
+        }
+    }
+}
+
 /// A snapshot of a heap's use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stats {

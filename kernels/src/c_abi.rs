@@ -8,7 +8,7 @@
 use crate::device_heap::{dev_alloc, dev_alloc_aligned, dev_free, dev_realloc};
 use crate::module_heap::{cuheap_heap, module_heap};
 use cuheap_core::size_class::MIN_BLOCK;
-use cuheap_core::{Heap, HeapHandle, Layout, PAGE_SIZE};
+use cuheap_core::{CStats, Heap, HeapHandle, Layout, PAGE_SIZE};
 
 /// `void* cuheap_malloc(size_t)`: [`dev_alloc`] on the module's heap;
 /// null if the host set no heap.
@@ -158,24 +158,6 @@ pub unsafe extern "C" fn cuheap_aligned_alloc(alignment: usize, size: usize) -> 
     }
 }
 
-/// The heap's statistics as `cuheap_get_stats` fills them (all `unsigned
-/// long long`).
-#[repr(C)]
-pub struct CuheapStats {
-    /// Bytes of the blocks handed out and not freed.
-    pub bytes_in_use: u64,
-    /// Bytes of the pages the heap has taken (its footprint).
-    pub bytes_reserved: u64,
-    /// Blocks handed out and not freed (spans included).
-    pub blocks_in_use: u64,
-    /// Allocations that returned null.
-    pub failed_allocs: u64,
-    /// Their bytes, for those that failed for want of memory.
-    pub failed_bytes: u64,
-    /// Double, interior and foreign frees refused.
-    pub bad_frees: u64,
-}
-
 /// Fills `*out` with the module heap's statistics: `int
 /// cuheap_get_stats(cuheap_stats_t*)`; [`CUHEAP_ERROR_INVALID`] with no
 /// heap or a null `out`. One thread reads every page's descriptor: call it
@@ -183,10 +165,10 @@ pub struct CuheapStats {
 ///
 /// # Safety
 ///
-/// `out` is null or points to a writable `CuheapStats`; the heap is the
+/// `out` is null or points to a writable `CStats`; the heap is the
 /// one `cuheap_init` or the host set, or none.
 #[no_mangle]
-pub unsafe extern "C" fn cuheap_get_stats(out: *mut CuheapStats) -> i32 {
+pub unsafe extern "C" fn cuheap_get_stats(out: *mut CStats) -> i32 {
     // SAFETY: as in `cuheap_malloc`.
     let Some(h) = (unsafe { module_heap() }) else {
         return CUHEAP_ERROR_INVALID;
@@ -197,15 +179,6 @@ pub unsafe extern "C" fn cuheap_get_stats(out: *mut CuheapStats) -> i32 {
     // SAFETY: a nonzero handle describes a live heap.
     let s = unsafe { Heap::<u32>::from_handle(&h) }.stats();
     // SAFETY: `out` is writable.
-    unsafe {
-        out.write(CuheapStats {
-            bytes_in_use: s.bytes_in_use,
-            bytes_reserved: s.bytes_reserved,
-            blocks_in_use: s.blocks(),
-            failed_allocs: s.failed_allocs,
-            failed_bytes: s.failed_bytes,
-            bad_frees: s.bad_frees,
-        })
-    };
+    unsafe { out.write(CStats::from(&s)) };
     CUHEAP_OK
 }
