@@ -8,14 +8,18 @@
 //! Allocation failures return NULL, with the reason in
 //! [`cuheap_last_error`](crate::cuheap_last_error) (PyTorch then raises
 //! its out-of-memory error).
+//!
+//! With `CUHEAP_TRACE` set to a file name, every allocation and free
+//! through these hooks is written there as a trace in RAPIDS RMM's CSV
+//! format (written out when the process exits), for `cuheap replay`.
 
 use crate::pool::{CuheapPool, CuheapPoolConfig, CuheapPoolStats};
 use crate::{device_context, entry, invalid, put};
 use cuheap_host::cudarc::driver::sys;
-use cuheap_host::Result;
+use cuheap_host::{Result, TraceLog};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// Devices a process may use the framework pools on.
 const MAX_DEVICES: usize = 64;
@@ -52,6 +56,45 @@ pub fn device_pool(device: c_int) -> Result<&'static CuheapPool> {
     Ok(pool)
 }
 
+static TRACE: OnceLock<Option<TraceLog>> = OnceLock::new();
+
+extern "C" {
+    /// The C library's exit hook.
+    fn atexit(callback: extern "C" fn()) -> c_int;
+}
+
+/// The trace `CUHEAP_TRACE` asks for, opened on first use (a file that
+/// cannot be created is said on stderr, once, and nothing is traced).
+fn trace() -> Option<&'static TraceLog> {
+    TRACE
+        .get_or_init(|| {
+            let path = std::env::var_os("CUHEAP_TRACE")?;
+            match TraceLog::to_file(std::path::Path::new(&path)) {
+                Ok(t) => {
+                    // SAFETY: registers a function that lives as long as
+                    // the library (which is never unloaded once used).
+                    unsafe { atexit(flush_trace) };
+                    Some(t)
+                }
+                Err(e) => {
+                    use std::io::Write;
+                    let _ = writeln!(std::io::stderr(), "cuheap: CUHEAP_TRACE: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Writes the trace's buffered rows at exit (no unwinding out of it).
+extern "C" fn flush_trace() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Some(t)) = TRACE.get() {
+            let _ = t.flush();
+        }
+    });
+}
+
 /// The allocation both hooks make: NULL for size 0 (no error) and on
 /// failure (the reason kept for `cuheap_last_error`).
 fn alloc_on(size: usize, device: c_int, stream: sys::CUstream, name: &str) -> *mut c_void {
@@ -60,7 +103,11 @@ fn alloc_on(size: usize, device: c_int, stream: sys::CUstream, name: &str) -> *m
     }
     let mut out = 0u64;
     let rc = entry(name, || {
-        out = device_pool(device)?.alloc(size, stream)?;
+        let pool = device_pool(device)?;
+        out = match trace() {
+            Some(t) => t.allocate(size, stream as usize, || pool.alloc(size, stream))?,
+            None => pool.alloc(size, stream)?,
+        };
         Ok(())
     });
     if rc == crate::CUHEAP_OK {
@@ -74,7 +121,15 @@ fn free_on(ptr: *mut c_void, device: c_int, stream: sys::CUstream, name: &str) {
     if ptr.is_null() {
         return;
     }
-    let rc = entry(name, || device_pool(device)?.free(ptr as u64, stream));
+    let rc = entry(name, || {
+        let pool = device_pool(device)?;
+        match trace() {
+            Some(t) => t.free(ptr as u64, stream as usize, || {
+                pool.free(ptr as u64, stream)
+            }),
+            None => pool.free(ptr as u64, stream),
+        }
+    });
     if rc != crate::CUHEAP_OK {
         // A free has no way to report: say it where a developer looks
         // (a failed write to stderr is ignored, never a panic).

@@ -4,6 +4,7 @@
 //! compute the same offsets from `(page_count, slots)`.
 
 use crate::page::PageDesc;
+use crate::page_map::PageMap;
 use crate::size_class::{BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
 use crate::stats::Counters;
 
@@ -25,7 +26,8 @@ pub struct Layout {
     pub cache: usize,
     /// `page_count` descriptors.
     pub descs: usize,
-    /// The page map, `page_count.div_ceil(32)` words.
+    /// The page map, [`PageMap::words`] words, then its summary,
+    /// [`PageMap::summary_words`] words.
     pub page_map: usize,
     /// `page_count` bitmaps of [`BITMAP_BYTES_PER_PAGE`] bytes.
     pub bitmaps: usize,
@@ -41,7 +43,8 @@ impl Layout {
         let cache = up(lists + slots as usize * CLASS_COUNT * 8);
         let descs = up(cache + slots as usize * CLASS_COUNT * 4);
         let page_map = up(descs + page_count as usize * core::mem::size_of::<PageDesc>());
-        let bitmaps = up(page_map + (page_count as usize).div_ceil(32) * 4);
+        let map_words = PageMap::words(page_count) + PageMap::summary_words(page_count);
+        let bitmaps = up(page_map + map_words * 4);
         let meta_bytes = up(bitmaps + page_count as usize * BITMAP_BYTES_PER_PAGE);
         Layout {
             page_count,

@@ -43,8 +43,8 @@ pub mod sync;
 pub mod word;
 
 pub use heap::{
-    AllocError, BlockInfo, FreeError, FreeOutcome, Grant, Heap, HeapHandle, ReallocError, Resize,
-    Run,
+    AllocError, BlockInfo, FreeError, FreeOutcome, Grant, Heap, HeapHandle, Placement,
+    ReallocError, Resize, Run,
 };
 pub use layout::Layout;
 #[cfg(all(feature = "std", not(loom)))]

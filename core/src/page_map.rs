@@ -2,12 +2,39 @@
 //! a span). Zeroed memory is therefore a heap with every page free, and
 //! pages past `limit` are never handed out, so a heap can grow by raising
 //! its page count.
+//!
+//! Two summaries keep one bit per page-map word each: `full`, set while
+//! the word is full, and `used`, set while any of its pages is in use.
+//! Searches step over 1,024 pages in use, or 1,024 free pages, with one
+//! load: a heap of gigabytes is crossed in a few dozen loads instead of
+//! thousands. The summaries are hints that searches may read stale; the
+//! protocol keeps them exact whenever no claim or release is under way:
+//!
+//! - a claim that fills a word (its `fetch_or` returned the last free bit)
+//!   sets the word's `full` bit, then reloads the word and clears the bit
+//!   again if a release got in between; a release that takes a full
+//!   word's first bit clears the `full` bit after it;
+//! - the mirror image for `used`: a release that empties a word clears
+//!   its `used` bit, then reloads the word and sets the bit again if a
+//!   claim got in between; a claim into an empty word sets the bit after
+//!   it.
+//!
+//! All summary updates are acquire-release read-modify-writes, so a
+//! reloading side whose update comes after the other side's also sees the
+//! other side's word and undoes its own. Skipping a word on a stale
+//! "full" only makes a search miss a page freed a moment ago, as a search
+//! that came a moment earlier would have; on a stale "empty", a search
+//! picks a run that a claim has just begun to take, and its own claim of
+//! the run fails and searches again. A stale "not full" or "not empty"
+//! only costs the load of the word.
 
 use crate::sync::{AtomicU32, Ordering};
 
-/// A view of the page map's words.
+/// A view of the page map's words and their summaries.
 pub struct PageMap<'a> {
     words: &'a [AtomicU32],
+    full: &'a [AtomicU32],
+    used: &'a [AtomicU32],
 }
 
 #[inline(always)]
@@ -21,8 +48,113 @@ fn run_mask(from: u32, len: u32) -> u32 {
 }
 
 impl<'a> PageMap<'a> {
-    pub fn new(words: &'a [AtomicU32]) -> Self {
-        Self { words }
+    /// Page-map words for `pages` pages.
+    pub const fn words(pages: u32) -> usize {
+        pages.div_ceil(32) as usize
+    }
+
+    /// Summary words for `pages` pages (two bits per page-map word).
+    pub const fn summary_words(pages: u32) -> usize {
+        2 * Self::words(pages).div_ceil(32)
+    }
+
+    /// `words`: the page map ([`PageMap::words`] long); `summary`: its
+    /// summaries, `full` then `used` ([`PageMap::summary_words`] long).
+    /// Zeroed, all say every page is free.
+    pub fn new(words: &'a [AtomicU32], summary: &'a [AtomicU32]) -> Self {
+        let (full, used) = summary.split_at(summary.len() / 2);
+        Self { words, full, used }
+    }
+
+    /// After a claim of bits `m` in word `w` that returned `old`: records a
+    /// word it filled in the summary (see the module's protocol).
+    #[inline(always)]
+    fn claimed(&self, w: u32, old: u32, m: u32) {
+        if old == 0 {
+            self.mark_used(w);
+        }
+        if old | m == u32::MAX && old != u32::MAX {
+            self.mark_full(w);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mark_used(&self, w: u32) {
+        self.used[(w / 32) as usize].fetch_or(1 << (w % 32), Ordering::AcqRel);
+    }
+
+    /// Out of line: a word fills once per 32 pages claimed at most, and
+    /// the allocation paths on the GPU keep their registers for the rest.
+    #[cold]
+    #[inline(never)]
+    fn mark_full(&self, w: u32) {
+        let (cell, bit) = (&self.full[(w / 32) as usize], 1u32 << (w % 32));
+        cell.fetch_or(bit, Ordering::AcqRel);
+        if self.words[w as usize].load(Ordering::Relaxed) != u32::MAX {
+            cell.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+
+    /// After a release of bits `m` from word `w` that returned `old`: a
+    /// word that was full is no longer, one that is now empty may be (see
+    /// the module's protocol).
+    #[inline(always)]
+    fn released(&self, w: u32, old: u32, m: u32) {
+        if old == u32::MAX && m & old != 0 {
+            self.mark_open(w);
+        }
+        if old != 0 && old & !m == 0 {
+            self.mark_empty(w);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mark_empty(&self, w: u32) {
+        let (cell, bit) = (&self.used[(w / 32) as usize], 1u32 << (w % 32));
+        cell.fetch_and(!bit, Ordering::AcqRel);
+        if self.words[w as usize].load(Ordering::Relaxed) != 0 {
+            cell.fetch_or(bit, Ordering::AcqRel);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mark_open(&self, w: u32) {
+        self.full[(w / 32) as usize].fetch_and(!(1u32 << (w % 32)), Ordering::AcqRel);
+    }
+
+    /// The first word from `w` on that the summary does not call empty
+    /// (at least `w`; past the map's words if all are).
+    #[inline(always)]
+    fn used_word(&self, mut w: u32) -> u32 {
+        while (w / 32) < self.used.len() as u32 {
+            let s = self.used[(w / 32) as usize].load(Ordering::Relaxed) >> (w % 32);
+            let n = s.trailing_zeros().min(32 - w % 32);
+            if n == 0 {
+                return w;
+            }
+            w += n;
+        }
+        w
+    }
+
+    /// The first word from `w` on that the summary does not call full
+    /// (at least `w`; past the map's words if all are).
+    #[inline(always)]
+    fn open_word(&self, mut w: u32) -> u32 {
+        while (w / 32) < self.full.len() as u32 {
+            // Bits above the shifted-in zeros count as not full, so the
+            // count stops at the summary word's end.
+            let s = self.full[(w / 32) as usize].load(Ordering::Relaxed) >> (w % 32);
+            let n = (!s).trailing_zeros();
+            if n == 0 {
+                return w;
+            }
+            w += n;
+        }
+        w
     }
 
     /// Claims one free page below `limit`, scanning from page `hint`.
@@ -32,14 +164,26 @@ impl<'a> PageMap<'a> {
 
     /// [`PageMap::claim_one`] in the window from the word of page `floor`
     /// to `limit`: scans from `hint` to the limit, then from the floor.
+    #[inline(never)]
     pub fn claim_one_within(&self, hint: u32, floor: u32, limit: u32) -> Option<u32> {
         let nwords = limit.div_ceil(32);
-        let first = (floor / 32).min(nwords.saturating_sub(1));
         if nwords == 0 {
             return None;
         }
-        let mut w = first + (hint / 32).saturating_sub(first) % (nwords - first);
-        for _ in first..nwords {
+        let first = (floor / 32).min(nwords - 1);
+        let h = first + (hint / 32).saturating_sub(first) % (nwords - first);
+        self.claim_one_in(h, nwords, limit)
+            .or_else(|| self.claim_one_in(first, h, limit))
+    }
+
+    /// Claims one free page below `limit` in words `from..to`, in order.
+    fn claim_one_in(&self, from: u32, to: u32, limit: u32) -> Option<u32> {
+        let mut w = from;
+        loop {
+            w = self.open_word(w);
+            if w >= to {
+                return None;
+            }
             let cell = &self.words[w as usize];
             let mut cur = cell.load(Ordering::Relaxed);
             loop {
@@ -53,16 +197,13 @@ impl<'a> PageMap<'a> {
                 }
                 let old = cell.fetch_or(1 << bit, Ordering::AcqRel);
                 if old & (1 << bit) == 0 {
+                    self.claimed(w, old, 1 << bit);
                     return Some(w * 32 + bit);
                 }
                 cur = old;
             }
             w += 1;
-            if w == nwords {
-                w = first;
-            }
         }
-        None
     }
 
     /// Claims `len` consecutive free pages below `limit`, first fit from
@@ -85,6 +226,7 @@ impl<'a> PageMap<'a> {
 
     /// [`PageMap::claim_run_aligned`] in the window from `floor` to
     /// `limit`: first fit from `hint`, then from the floor.
+    #[inline(never)]
     pub fn claim_run_within(
         &self,
         len: u32,
@@ -108,37 +250,132 @@ impl<'a> PageMap<'a> {
 
     fn claim_run_from(&self, from: u32, len: u32, align: u32, limit: u32) -> Option<u32> {
         let mut start = from.next_multiple_of(align);
-        while start + len <= limit {
-            // Find a candidate from a snapshot.
-            let mut run = 0u32;
-            let mut i = start;
-            while run < len {
-                if i >= limit {
-                    return None;
-                }
-                if i.is_multiple_of(32)
-                    && run == 0
-                    && self.words[(i / 32) as usize].load(Ordering::Relaxed) == u32::MAX
-                {
-                    i += 32; // a full word: skip it whole (32 is aligned)
-                    start = i;
-                    continue;
-                }
-                if self.is_set(i) {
-                    run = 0;
-                    start = (i + 1).next_multiple_of(align);
-                    i = start;
-                } else {
-                    run += 1;
-                    i += 1;
-                }
-            }
-            match self.try_claim(start, len) {
-                Ok(()) => return Some(start),
+        while let Some(found) = self.find_run(start, len, align, limit) {
+            match self.try_claim(found, len) {
+                Ok(()) => return Some(found),
                 Err(used) => start = (used + 1).next_multiple_of(align),
             }
         }
         None
+    }
+
+    /// The first run of `len` free pages at or after `start` (a multiple
+    /// of `align`) that starts at a multiple of `align` and ends by
+    /// `limit`, from a snapshot of the map: a word at a time, full words
+    /// skipped through the summary.
+    fn find_run(&self, mut start: u32, len: u32, align: u32, limit: u32) -> Option<u32> {
+        // Pages start..i are free; i is the next page to look at.
+        let mut i = start;
+        while start as u64 + len as u64 <= limit as u64 {
+            if i == start && i.is_multiple_of(32) {
+                // Full words: skip them whole (32 is aligned), those the
+                // summary knows a thousand at a time.
+                let open = self.open_word(i / 32).saturating_mul(32);
+                if open > i {
+                    (start, i) = (open, open);
+                    continue;
+                }
+            }
+            if i.is_multiple_of(32) {
+                // Empty words: the run goes on over them.
+                let used = self.used_word(i / 32).saturating_mul(32);
+                if used > i {
+                    if used - start >= len {
+                        return Some(start);
+                    }
+                    i = used;
+                    continue;
+                }
+            }
+            let (w, b) = (i / 32, i % 32);
+            let word = self.words[w as usize].load(Ordering::Relaxed) >> b;
+            // Free pages from i on in this word (the shifted-in zeros
+            // stop the count at the word's end).
+            let free = word.trailing_zeros().min(32 - b);
+            if i - start + free >= len {
+                return Some(start);
+            }
+            if free == 32 - b {
+                i += free;
+                continue;
+            }
+            // Pages in use from i + free on, then a fresh start past them.
+            let used = (!(word >> free)).trailing_zeros();
+            start = (i + free + used).next_multiple_of(align);
+            i = start;
+        }
+        None
+    }
+
+    /// Best fit: claims `len` pages at the start of the shortest free run
+    /// of at least `len` pages in `floor..limit` (the lowest of equally
+    /// short ones; an exact fit ends the search). Searches the whole window
+    /// each time (a word at a time, full words skipped through the
+    /// summary), so it suits a heap whose runs are few and long, as a host
+    /// pool's are, not thousands of GPU threads at once.
+    #[inline(never)]
+    pub fn claim_best(&self, len: u32, floor: u32, limit: u32) -> Option<u32> {
+        if len == 0 || floor as u64 + len as u64 > limit as u64 {
+            return None;
+        }
+        loop {
+            let at = self.find_best(len, floor, limit)?;
+            if self.try_claim(at, len).is_ok() {
+                return Some(at);
+            }
+        }
+    }
+
+    /// [`PageMap::claim_best`]'s search, from a snapshot of the map.
+    fn find_best(&self, len: u32, floor: u32, limit: u32) -> Option<u32> {
+        // The best run so far: (start, length).
+        let mut best: Option<(u32, u32)> = None;
+        // Records the free run start..end; true if it fits exactly.
+        let mut consider = |start: u32, end: u32| {
+            let run = end - start;
+            if run >= len && best.is_none_or(|(_, r)| run < r) {
+                best = Some((start, run));
+            }
+            run == len
+        };
+        // Pages start..i are free; i is the next page to look at.
+        let (mut start, mut i) = (floor, floor);
+        while i < limit {
+            if i.is_multiple_of(32) {
+                if i == start {
+                    let open = self.open_word(i / 32).saturating_mul(32);
+                    if open > i {
+                        (start, i) = (open, open);
+                        continue;
+                    }
+                }
+                // Empty words: the run goes on over them.
+                let used = self.used_word(i / 32).saturating_mul(32);
+                if used > i {
+                    i = used;
+                    continue;
+                }
+            }
+            let (w, b) = (i / 32, i % 32);
+            let word = self.words[w as usize].load(Ordering::Relaxed) >> b;
+            let free = word.trailing_zeros().min(32 - b);
+            if free == 32 - b {
+                i += free; // the run goes on into the next word
+                continue;
+            }
+            let end = (i + free).min(limit);
+            if consider(start, end) {
+                return Some(start);
+            }
+            // Pages in use from `end` on, then a new run.
+            let used = (!(word >> free)).trailing_zeros();
+            i = end + used;
+            start = i;
+        }
+        if start < limit && consider(start, limit) {
+            return Some(start);
+        }
+        best.map(|(at, _)| at)
     }
 
     /// Claims pages `start..start + len`, all or none: word by word, and on
@@ -154,12 +391,14 @@ impl<'a> PageMap<'a> {
             if old & m != 0 {
                 // Keep the bits that were ours in this word, drop the rest.
                 let mine = m & !old;
-                self.words[(p / 32) as usize].fetch_and(!mine, Ordering::Release);
+                let was = self.words[(p / 32) as usize].fetch_and(!mine, Ordering::Release);
+                self.released(p / 32, was, mine);
                 if p > start {
                     self.release_run(start, p - start);
                 }
                 return Err(p + (old & m).trailing_zeros() - from);
             }
+            self.claimed(p / 32, old, m);
             p += n;
         }
         Ok(())
@@ -171,9 +410,40 @@ impl<'a> PageMap<'a> {
         while p < start + len {
             let from = p % 32;
             let n = (32 - from).min(start + len - p);
-            self.words[(p / 32) as usize].fetch_and(!run_mask(from, n), Ordering::Release);
+            let m = run_mask(from, n);
+            let old = self.words[(p / 32) as usize].fetch_and(!m, Ordering::Release);
+            self.released(p / 32, old, m);
             p += n;
         }
+    }
+
+    /// Whether the summaries are exact where they must be: no word called
+    /// full that is not, none called empty that is not. Call only while
+    /// no claim or release runs. (The reverse, a full or an empty word the
+    /// summaries do not know, is allowed: racing updates can leave it.)
+    pub fn summary_is_exact(&self) -> bool {
+        (0..self.words.len()).all(|w| {
+            let bit = |s: &[AtomicU32]| s[w / 32].load(Ordering::Relaxed) & (1 << (w % 32)) != 0;
+            let word = self.words[w].load(Ordering::Relaxed);
+            (!bit(self.full) || word == u32::MAX) && (bit(self.used) || word == 0)
+        })
+    }
+
+    /// How many pages right below `limit` are free (a snapshot): the run
+    /// that memory mapped at `limit` would extend.
+    pub fn free_below(&self, limit: u32) -> u32 {
+        let mut i = limit;
+        while i > 0 {
+            let (w, b) = ((i - 1) / 32, (i - 1) % 32);
+            // Pages w * 32 ..= i - 1 of this word, highest first.
+            let word = self.words[w as usize].load(Ordering::Relaxed) << (31 - b);
+            let free = word.leading_zeros().min(b + 1);
+            i -= free;
+            if free <= b {
+                break;
+            }
+        }
+        limit - i
     }
 
     pub fn is_set(&self, page: u32) -> bool {
@@ -186,10 +456,136 @@ mod tests {
     use super::*;
     use std::vec::Vec;
 
+    /// A zeroed page map and summary for `pages` pages.
+    fn zeroed(pages: u32) -> (Vec<AtomicU32>, Vec<AtomicU32>) {
+        let z = |n| (0..n).map(|_| AtomicU32::new(0)).collect();
+        (z(PageMap::words(pages)), z(PageMap::summary_words(pages)))
+    }
+
+    /// Random maps (runs of used and free pages of random lengths, so
+    /// whole words and whole summary words of either occur), each search
+    /// against a page-by-page reference.
+    #[test]
+    fn searches_agree_with_page_by_page_references() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = |n: u32| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as u32
+        };
+        // Miri interprets every page-by-page reference: a few rounds there.
+        for round in 0..if cfg!(miri) { 6 } else { 400 } {
+            let pages = 1 + rnd(3000);
+            let (w, f) = zeroed(pages);
+            let m = PageMap::new(&w, &f);
+            let mut used = std::vec![false; pages as usize];
+            let mut p = 0;
+            let scale = [4, 40, 400][round % 3];
+            while p < pages {
+                let n = (1 + rnd(scale)).min(pages - p);
+                if rnd(2) == 0 {
+                    assert_eq!(m.try_claim(p, n), Ok(()));
+                    used[p as usize..(p + n) as usize].fill(true);
+                }
+                p += n;
+            }
+            // Give back some runs (parts of them, or more than one).
+            for _ in 0..rnd(20) {
+                let a = rnd(pages);
+                let n = (1 + rnd(scale * 2)).min(pages - a);
+                m.release_run(a, n);
+                used[a as usize..(a + n) as usize].fill(false);
+            }
+            assert!(m.summary_is_exact());
+            let free = |a: u32, n: u32| (a..a + n).all(|q| !used[q as usize]);
+            for _ in 0..8 {
+                let short = rnd(2) == 0;
+                let len = 1 + rnd(if short { 8 } else { 300 });
+                let align = 1 << rnd(6);
+                let floor = rnd(pages);
+                let limit = floor + rnd(pages - floor + 1);
+                // First fit, aligned.
+                let first = (floor.next_multiple_of(align)..=limit.saturating_sub(len))
+                    .step_by(align as usize)
+                    .find(|&a| a + len <= limit && free(a, len));
+                assert_eq!(
+                    m.find_run(floor.next_multiple_of(align), len, align, limit),
+                    first
+                );
+                // Best fit: the shortest maximal free run that holds len.
+                let mut best: Option<(u32, u32)> = None;
+                let mut a = floor;
+                while a < limit {
+                    if used[a as usize] {
+                        a += 1;
+                        continue;
+                    }
+                    let mut e = a;
+                    while e < limit && !used[e as usize] {
+                        e += 1;
+                    }
+                    if e - a >= len && best.is_none_or(|(_, r)| e - a < r) {
+                        best = Some((a, e - a));
+                    }
+                    a = e;
+                }
+                assert_eq!(m.find_best(len, floor, limit), best.map(|b| b.0));
+                // The free tail.
+                let tail = (0..limit).rev().take_while(|&q| !used[q as usize]).count() as u32;
+                assert_eq!(m.free_below(limit), tail);
+            }
+        }
+    }
+
+    #[test]
+    fn the_summary_follows_full_words_and_searches_skip_them() {
+        // 64 words: a summary of two.
+        let (w, f) = zeroed(64 * 32);
+        let m = PageMap::new(&w, &f);
+        let full = |i: usize| f[i / 32].load(Ordering::Relaxed) & (1 << (i % 32)) != 0;
+        // Page by page: word 0 is full at its 32nd claim, not before.
+        for p in 0..31 {
+            assert_eq!(m.claim_one(0, 64 * 32), Some(p));
+        }
+        assert!(!full(0));
+        assert_eq!(m.claim_one(0, 64 * 32), Some(31));
+        assert!(full(0) && !full(1));
+        // A run over words 1..=40, part of word 41: full words marked,
+        // across the summary's word boundary, the partial one not.
+        assert_eq!(m.claim_run(40 * 32 + 5, 64 * 32, 0), Some(32));
+        assert!((0..=40).all(full) && !full(41));
+        // Searches start past the full words.
+        assert_eq!(m.claim_one(0, 64 * 32), Some(41 * 32 + 5));
+        assert_eq!(m.claim_run(3, 64 * 32, 0), Some(41 * 32 + 6));
+        assert!(m.summary_is_exact());
+        // A release from a full word clears its bit; the search finds it.
+        m.release_run(35 * 32 + 7, 2);
+        assert!(!full(35) && full(34) && full(36));
+        assert!(m.summary_is_exact());
+        assert_eq!(m.claim_run(2, 64 * 32, 0), Some(35 * 32 + 7));
+        assert!(full(35));
+        // A failed try_claim gives back what it took, summary included.
+        assert_eq!(m.try_claim(50 * 32, 32), Ok(()));
+        assert!(full(50));
+        assert_eq!(m.try_claim(51 * 32, 40), Ok(())); // words 51, part of 52
+        m.release_run(52 * 32 + 7, 1); // a hole in word 52
+        assert_eq!(m.try_claim(52 * 32, 32), Err(52 * 32));
+        assert!(full(51) && !full(52));
+        assert!(m.summary_is_exact());
+        // Everything back: every summary bit clear.
+        for p in 0..64 * 32 {
+            if m.is_set(p) {
+                m.release_run(p, 1);
+            }
+        }
+        assert!(f.iter().all(|x| x.load(Ordering::Relaxed) == 0));
+    }
+
     #[test]
     fn searches_within_a_window_wrap_to_its_floor() {
-        let w: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
-        let m = PageMap::new(&w);
+        let (w, f) = zeroed(4 * 32);
+        let m = PageMap::new(&w, &f);
         // From the hint's word to the limit, then from the floor's word.
         assert_eq!(m.claim_one_within(100, 64, 128), Some(96)); // the hint's word
         assert_eq!(m.claim_one_within(10, 64, 128), Some(64)); // hint below the floor
@@ -211,8 +607,8 @@ mod tests {
 
     #[test]
     fn aligned_runs_start_at_multiples_of_their_alignment() {
-        let w: Vec<AtomicU32> = (0..2).map(|_| AtomicU32::new(0)).collect();
-        let m = PageMap::new(&w);
+        let (w, f) = zeroed(2 * 32);
+        let m = PageMap::new(&w, &f);
         assert_eq!(m.claim_one(0, 64), Some(0));
         assert_eq!(m.claim_run_aligned(3, 4, 64, 0), Some(4));
         assert_eq!(m.claim_run_aligned(16, 16, 64, 5), Some(16));
@@ -229,8 +625,8 @@ mod tests {
 
     #[test]
     fn runs_skip_used_pages_and_respect_limit() {
-        let w: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
-        let m = PageMap::new(&w);
+        let (w, f) = zeroed(4 * 32);
+        let m = PageMap::new(&w, &f);
         assert_eq!(m.claim_one(0, 100), Some(0));
         assert_eq!(m.claim_run(40, 100, 0), Some(1));
         assert_eq!(m.claim_one(0, 100), Some(41));
@@ -246,8 +642,8 @@ mod tests {
 
     #[test]
     fn try_claim_is_all_or_nothing() {
-        let w: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
-        let m = PageMap::new(&w);
+        let (w, f) = zeroed(4 * 32);
+        let m = PageMap::new(&w, &f);
         assert_eq!(m.try_claim(70, 3), Ok(()));
         // Overlaps page 70 from three words away: nothing of it stays taken.
         assert_eq!(m.try_claim(5, 80), Err(70));
@@ -256,5 +652,6 @@ mod tests {
         assert!((0..73).all(|p| m.is_set(p)));
         m.release_run(0, 73);
         assert!(w.iter().all(|x| x.load(Ordering::Relaxed) == 0));
+        assert!(m.summary_is_exact());
     }
 }

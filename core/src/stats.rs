@@ -50,6 +50,10 @@ pub struct Counters {
     pub grow_cap: AtomicU64,
     /// Waits for growth that ended in the timeout (the host did not answer).
     pub grow_timeouts: AtomicU64,
+    /// How fresh pages are placed: [`Placement`](crate::heap::Placement)
+    /// bits, set by the heap's owner (0, the default: first fit from each
+    /// slot's own part of the heap, what thousands of GPU threads need).
+    pub placement: AtomicU64,
 }
 
 impl Counters {
@@ -71,6 +75,7 @@ impl Counters {
             grow_refusals: AtomicU64::new(0),
             grow_cap: AtomicU64::new(0),
             grow_timeouts: AtomicU64::new(0),
+            placement: AtomicU64::new(0),
         }
     }
 

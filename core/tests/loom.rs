@@ -112,10 +112,11 @@ fn page_reserve_free_retire() {
 fn page_map_claims_are_exclusive() {
     loom::model(|| {
         let words = Arc::new(vec![AtomicU32::new(0)]);
+        let full = Arc::new(vec![AtomicU32::new(0), AtomicU32::new(0)]);
         let ts: Vec<_> = (0..2)
             .map(|i| {
-                let words = words.clone();
-                thread::spawn(move || PageMap::new(&words).claim_one(i, 2))
+                let (words, full) = (words.clone(), full.clone());
+                thread::spawn(move || PageMap::new(&words, &full).claim_one(i, 2))
             })
             .collect();
         let r: Vec<_> = ts.into_iter().map(|t| t.join().unwrap()).collect();
@@ -131,11 +132,12 @@ fn span_growth_and_claims_are_exclusive() {
     loom::model(|| {
         // Page 0 is the span; pages 1 and 2 are free.
         let words = Arc::new(vec![AtomicU32::new(0b001)]);
+        let full = Arc::new(vec![AtomicU32::new(0), AtomicU32::new(0)]);
         let other = {
-            let words = words.clone();
-            thread::spawn(move || PageMap::new(&words).claim_run(2, 3, 1))
+            let (words, full) = (words.clone(), full.clone());
+            thread::spawn(move || PageMap::new(&words, &full).claim_run(2, 3, 1))
         };
-        let grew = PageMap::new(&words).try_claim(1, 2).is_ok();
+        let grew = PageMap::new(&words, &full).try_claim(1, 2).is_ok();
         let got = other.join().unwrap();
         assert!(grew != got.is_some(), "both or neither got pages 1..3");
         use cuheap_core::sync::Ordering;
@@ -145,6 +147,43 @@ fn span_growth_and_claims_are_exclusive() {
             "a claim left half done"
         );
     });
+}
+
+/// The page map's summaries under a claim racing a release in one word:
+/// from either side of full, and from a release that empties the word
+/// while the claim takes a page of it. Whatever the interleaving, once
+/// both are done the summaries never call the word full unless it is (a
+/// stale "full" would hide free pages for good) nor empty unless it is (a
+/// stale "empty" would send searches to pages in use for good).
+#[test]
+fn the_page_map_summary_is_exact_after_racing_claims_and_releases() {
+    use cuheap_core::sync::Ordering;
+    for start in [u32::MAX >> 1, u32::MAX, 1] {
+        loom::model(move || {
+            // Page 31 is the word's last free page (a claim fills the
+            // word), or the word is full and known to be, or page 0 is
+            // its only page in use (the release empties the word).
+            let words = Arc::new(vec![AtomicU32::new(start)]);
+            let full = Arc::new(vec![
+                AtomicU32::new((start == u32::MAX) as u32),
+                AtomicU32::new(1),
+            ]);
+            let claim = {
+                let (words, full) = (words.clone(), full.clone());
+                thread::spawn(move || {
+                    let m = PageMap::new(&words, &full);
+                    // Page 31 if free, else page 0 once the release is in.
+                    m.claim_one(0, 32)
+                })
+            };
+            let m = PageMap::new(&words, &full);
+            m.release_run(0, 1);
+            let got = claim.join().unwrap();
+            let word = words[0].load(Ordering::Relaxed);
+            assert_eq!(got.is_some(), start != u32::MAX || word == u32::MAX);
+            assert!(m.summary_is_exact(), "word {word:#x}, summary stale");
+        });
+    }
 }
 
 /// A heap shrinking while an allocation runs: page 0 is in use, page 1
@@ -161,15 +200,16 @@ fn shrink_can_unmap_a_claimed_page(fence: bool) -> bool {
     let seen = lost.clone();
     loom::model(move || {
         let words = Arc::new(vec![AtomicU32::new(0b01)]);
+        let full = Arc::new(vec![AtomicU32::new(0), AtomicU32::new(0)]);
         let limit = Arc::new(AtomicU32::new(2));
         let alloc = {
-            let (words, limit) = (words.clone(), limit.clone());
+            let (words, full, limit) = (words.clone(), full.clone(), limit.clone());
             thread::spawn(move || {
                 let l = limit.load(Ordering::Acquire);
-                PageMap::new(&words).claim_one(0, l)
+                PageMap::new(&words, &full).claim_one(0, l)
             })
         };
-        let map = PageMap::new(&words);
+        let map = PageMap::new(&words, &full);
         let unmapped = if fence {
             map.try_claim(1, 1).is_ok()
         } else {

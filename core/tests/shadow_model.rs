@@ -9,7 +9,7 @@ use cuheap_core::heap::Located;
 use cuheap_core::size_class::{
     class_of, class_of_aligned, class_size, span_pages, MAX_ALIGN, MAX_CLASS_SIZE, PAGE_SIZE,
 };
-use cuheap_core::{AllocError, FreeError, Heap, OwnedHeap, ReallocError, Word};
+use cuheap_core::{AllocError, FreeError, Heap, OwnedHeap, Placement, ReallocError, Word};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -119,8 +119,14 @@ fn holds(at: usize, len: usize, tag: u8) -> bool {
 }
 
 fn run<W: Word>(pages: u32, actions: Vec<Action>) {
+    run_placed::<W>(pages, 0, actions)
+}
+
+/// [`run`] with the heap's pages placed by `placement` (`Placement` bits).
+fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
     let owned = OwnedHeap::<W>::new(pages, 3).unwrap();
     let heap = owned.heap();
+    heap.set_placement(placement);
     // start address -> (footprint, fill byte)
     let mut live: BTreeMap<usize, (usize, u8)> = BTreeMap::new();
     let mut freed_once: Option<usize> = None;
@@ -344,5 +350,18 @@ proptest! {
     #[test]
     fn shadow_model_tiny_heap(actions in proptest::collection::vec(action(), 1..300)) {
         run::<u32>(5, actions);
+    }
+
+    /// A host pool's placement: spans by best fit, class pages packed low.
+    #[test]
+    fn shadow_model_pool_placement(actions in proptest::collection::vec(action(), 1..300)) {
+        run_placed::<u32>(24, Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW, actions);
+    }
+
+    #[test]
+    fn shadow_model_pool_placement_tiny_heap(
+        actions in proptest::collection::vec(action(), 1..300)
+    ) {
+        run_placed::<u32>(5, Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW, actions);
     }
 }

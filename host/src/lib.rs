@@ -49,5 +49,5 @@ pub use driver::{
 pub use error::{Context, Error, Result};
 pub use growth::{GrowthService, GrowthStats};
 pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};
-pub use trace::{read_trace, Logged, Resource, TraceEvent};
+pub use trace::{read_trace, Logged, Resource, TraceEvent, TraceLog};
 pub use vmm::{Part, Reservation, ReservationStats};

@@ -86,6 +86,14 @@ pub const COLUMNS: [&str; 6] = ["Thread", "Time", "Action", "Pointer", "Size", "
 /// A [`Resource`] whose every call is written to a CSV trace.
 pub struct Logged<R> {
     inner: R,
+    log: TraceLog,
+}
+
+/// A CSV trace being written: one row per allocation, failed allocation
+/// and free, in the order the calls took effect. [`Logged`] writes one
+/// for any [`Resource`]; code with its own entry points (the C API's
+/// framework pools) calls it directly.
+pub struct TraceLog {
     log: Mutex<Log>,
 }
 
@@ -119,20 +127,19 @@ fn time_of_day() -> String {
     )
 }
 
-impl<R: Resource> Logged<R> {
-    /// Logs the calls on `inner` to a new file at `path`.
-    pub fn to_file(inner: R, path: &std::path::Path) -> Result<Logged<R>> {
+impl TraceLog {
+    /// A trace written to a new file at `path`.
+    pub fn to_file(path: &std::path::Path) -> Result<TraceLog> {
         let file = std::fs::File::create(path)
             .map_err(|e| Error::InvalidArgument(format!("trace {}: {e}", path.display())))?;
-        Logged::to_writer(inner, Box::new(std::io::BufWriter::new(file)))
+        TraceLog::to_writer(Box::new(std::io::BufWriter::new(file)))
     }
 
-    /// Logs the calls on `inner` to `out`.
-    pub fn to_writer(inner: R, out: Box<dyn Write + Send>) -> Result<Logged<R>> {
+    /// A trace written to `out`.
+    pub fn to_writer(out: Box<dyn Write + Send>) -> Result<TraceLog> {
         let mut out = csv::Writer::from_writer(out);
         out.write_record(COLUMNS).map_err(trace_error)?;
-        Ok(Logged {
-            inner,
+        Ok(TraceLog {
             log: Mutex::new(Log {
                 out,
                 sizes: HashMap::new(),
@@ -140,8 +147,42 @@ impl<R: Resource> Logged<R> {
         })
     }
 
-    pub fn inner(&self) -> &R {
-        &self.inner
+    /// Makes an allocation of `size` bytes on stream `stream` and writes
+    /// its row: the pointer, or a failure. The row is written before any
+    /// free of the pointer can be.
+    pub fn allocate(
+        &self,
+        size: usize,
+        stream: usize,
+        alloc: impl FnOnce() -> Result<u64>,
+    ) -> Result<u64> {
+        let r = alloc();
+        let mut log = self.lock();
+        match &r {
+            Ok(p) => {
+                log.sizes.insert(*p, size);
+                log.row(Action::Allocate, *p, size, stream);
+            }
+            Err(_) => log.row(Action::AllocateFailure, 0, size, stream),
+        }
+        r
+    }
+
+    /// Frees `ptr` on stream `stream` through `free` and writes its row if
+    /// the free succeeded. The row goes first: once freed, the pointer may
+    /// be handed out again by another thread, whose row must come after.
+    pub fn free(&self, ptr: u64, stream: usize, free: impl FnOnce() -> Result<()>) -> Result<()> {
+        let mut log = self.lock();
+        let size = log.sizes.remove(&ptr);
+        let r = free();
+        match (&r, size) {
+            (Ok(()), size) => log.row(Action::Free, ptr, size.unwrap_or(0), stream),
+            (Err(_), Some(size)) => {
+                log.sizes.insert(ptr, size);
+            }
+            (Err(_), None) => {}
+        }
+        r
     }
 
     /// Writes buffered rows out.
@@ -155,8 +196,10 @@ impl<R: Resource> Logged<R> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
         self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
 
-    fn row(log: &mut Log, action: Action, ptr: u64, size: usize, stream: usize) {
+impl Log {
+    fn row(&mut self, action: Action, ptr: u64, size: usize, stream: usize) {
         let thread = THREAD.with(|t| *t);
         let ptr = if ptr == 0 {
             "(nil)".to_string()
@@ -164,7 +207,7 @@ impl<R: Resource> Logged<R> {
             format!("{ptr:#x}")
         };
         // The trace is advisory: a failed write must not fail the call.
-        let _ = log.out.write_record([
+        let _ = self.out.write_record([
             thread.to_string(),
             time_of_day(),
             action.as_str().to_string(),
@@ -175,56 +218,57 @@ impl<R: Resource> Logged<R> {
     }
 }
 
+impl Drop for TraceLog {
+    fn drop(&mut self) {
+        let log = self.log.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = log.out.flush();
+    }
+}
+
+impl<R: Resource> Logged<R> {
+    /// Logs the calls on `inner` to a new file at `path`.
+    pub fn to_file(inner: R, path: &std::path::Path) -> Result<Logged<R>> {
+        Ok(Logged {
+            inner,
+            log: TraceLog::to_file(path)?,
+        })
+    }
+
+    /// Logs the calls on `inner` to `out`.
+    pub fn to_writer(inner: R, out: Box<dyn Write + Send>) -> Result<Logged<R>> {
+        Ok(Logged {
+            inner,
+            log: TraceLog::to_writer(out)?,
+        })
+    }
+
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    /// Writes buffered rows out.
+    pub fn flush(&self) -> Result<()> {
+        self.log.flush()
+    }
+}
+
 impl<R: Resource> Resource for Logged<R> {
     type Stream = R::Stream;
 
     fn allocate(&self, size: usize, stream: &R::Stream) -> Result<u64> {
-        let r = self.inner.allocate(size, stream);
-        let mut log = self.lock();
-        match &r {
-            Ok(p) => {
-                log.sizes.insert(*p, size);
-                Self::row(&mut log, Action::Allocate, *p, size, R::stream_id(stream));
-            }
-            Err(_) => Self::row(
-                &mut log,
-                Action::AllocateFailure,
-                0,
-                size,
-                R::stream_id(stream),
-            ),
-        }
-        r
+        self.log.allocate(size, R::stream_id(stream), || {
+            self.inner.allocate(size, stream)
+        })
     }
 
     fn deallocate(&self, ptr: u64, stream: &R::Stream) -> Result<()> {
-        // The row goes first: once freed, the pointer may be handed out
-        // again by another thread, whose row must come after this one.
-        let mut log = self.lock();
-        let size = log.sizes.remove(&ptr);
-        let r = self.inner.deallocate(ptr, stream);
-        match (&r, size) {
-            (Ok(()), Some(size)) => {
-                Self::row(&mut log, Action::Free, ptr, size, R::stream_id(stream))
-            }
-            (Ok(()), None) => Self::row(&mut log, Action::Free, ptr, 0, R::stream_id(stream)),
-            (Err(_), Some(size)) => {
-                log.sizes.insert(ptr, size);
-            }
-            (Err(_), None) => {}
-        }
-        r
+        self.log.free(ptr, R::stream_id(stream), || {
+            self.inner.deallocate(ptr, stream)
+        })
     }
 
     fn stream_id(stream: &R::Stream) -> usize {
         R::stream_id(stream)
-    }
-}
-
-impl<R> Drop for Logged<R> {
-    fn drop(&mut self) {
-        let log = self.log.get_mut().unwrap_or_else(|p| p.into_inner());
-        let _ = log.out.flush();
     }
 }
 

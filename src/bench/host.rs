@@ -498,7 +498,7 @@ fn default_mem_pool(gpu: &Gpu) -> Result<sys::CUmemoryPool> {
 
 /// Reads (with `reset`, first trims the pool and resets) the default
 /// pool's reserved high-water mark.
-fn async_reserved_high(gpu: &Gpu, reset: bool) -> Result<u64> {
+pub(crate) fn async_reserved_high(gpu: &Gpu, reset: bool) -> Result<u64> {
     let pool = default_mem_pool(gpu)?;
     let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
     let mut v = 0u64;

@@ -4,7 +4,7 @@
 //! stream per stream of the trace. Rows of failed allocations are skipped;
 //! any error of the allocator under test fails the replay.
 
-use super::host::{pct, us, warm_async_pool, Alloc, Async};
+use super::host::{async_reserved_high, pct, us, warm_async_pool, Alloc, Async};
 use crate::host::trace::Action;
 use crate::host::{Pool, PoolConfig, TraceEvent};
 use crate::{Error, Gpu, Result};
@@ -24,12 +24,18 @@ pub struct ReplayRow {
     pub alloc_p99_us: f64,
     pub free_p50_us: f64,
     pub free_p99_us: f64,
+    /// The trace's own peak: bytes requested and not yet freed.
+    pub peak_requested_mib: f64,
+    /// Device memory the allocator held at its peak.
+    pub reserved_mib: f64,
 }
 
 fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayRow> {
     let mut streams: HashMap<u64, Arc<CudaStream>> = HashMap::new();
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
+    let (mut requested, mut peak) = (0usize, 0usize);
+    let mut sizes: HashMap<u64, usize> = HashMap::new();
     let start = Instant::now();
     for e in events {
         let s = match streams.get(&e.stream) {
@@ -48,12 +54,18 @@ fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayR
                 let t = Instant::now();
                 let p = a.allocate(e.size.max(1), &s)?;
                 ta.push(us(t));
+                requested += e.size;
+                if let Some(old) = sizes.insert(e.ptr, e.size) {
+                    requested -= old;
+                }
+                peak = peak.max(requested);
                 if let Some((old, sid)) = live.insert(e.ptr, (p, e.stream)) {
                     // The trace reused a pointer it never freed: free ours.
                     a.deallocate(old, streams.get(&sid).unwrap_or(&s))?;
                 }
             }
             Action::Free => {
+                requested -= sizes.remove(&e.ptr).unwrap_or(0);
                 if let Some((p, _)) = live.remove(&e.ptr) {
                     let t = Instant::now();
                     a.deallocate(p, &s)?;
@@ -85,24 +97,32 @@ fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayR
         alloc_p99_us: q(&mut ta, 0.99),
         free_p50_us: q(&mut tf, 0.5),
         free_p99_us: q(&mut tf, 0.99),
+        peak_requested_mib: peak as f64 / MIB,
+        reserved_mib: f64::NAN,
     })
 }
+
+const MIB: f64 = (1 << 20) as f64;
 
 /// Replays `events` on a fresh pool and on cudaMallocAsync.
 pub fn run(gpu: &Gpu, events: &[TraceEvent]) -> Result<Vec<ReplayRow>> {
     warm_async_pool(gpu)?;
     let pool = Pool::new(gpu.context(), PoolConfig::new(gpu.info().memory_bytes / 2))?;
-    Ok(vec![
-        replay_one(gpu, &pool, events)?,
-        replay_one(gpu, &Async, events)?,
-    ])
+    let mut ours = replay_one(gpu, &pool, events)?;
+    // The pool maps more and never unmaps without a trim: its end is its peak.
+    ours.reserved_mib = pool.stats().reserved as f64 / MIB;
+    drop(pool);
+    async_reserved_high(gpu, true)?;
+    let mut theirs = replay_one(gpu, &Async, events)?;
+    theirs.reserved_mib = async_reserved_high(gpu, false)? as f64 / MIB;
+    Ok(vec![ours, theirs])
 }
 
 pub fn table(rows: &[ReplayRow]) -> String {
-    let mut s = String::from("| allocator | allocs | frees | total ms | alloc p50 / p99 µs | free p50 / p99 µs |\n|---|---|---|---|---|---|\n");
+    let mut s = String::from("| allocator | allocs | frees | total ms | alloc p50 / p99 µs | free p50 / p99 µs | peak requested MiB | reserved MiB |\n|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {:.2} | {:.3} / {:.3} | {:.3} / {:.3} |\n",
+            "| {} | {} | {} | {:.2} | {:.3} / {:.3} | {:.3} / {:.3} | {:.0} | {:.0} |\n",
             r.allocator,
             r.allocs,
             r.frees,
@@ -110,7 +130,9 @@ pub fn table(rows: &[ReplayRow]) -> String {
             r.alloc_p50_us,
             r.alloc_p99_us,
             r.free_p50_us,
-            r.free_p99_us
+            r.free_p99_us,
+            r.peak_requested_mib,
+            r.reserved_mib
         );
     }
     s

@@ -2,9 +2,8 @@
 //! the bitmap, install a new page when it is full, and the out-of-memory
 //! fallbacks (spans of whole units, a scan of every page of the class).
 
-use super::{AllocError, Heap};
+use super::{AllocError, Heap, Placement};
 use crate::page::{decode_kind, Kind, STATE_ATTACHED, STATE_LISTED};
-use crate::page_map::PageMap;
 use crate::size_class::{
     blocks_per_page, class_of, class_of_aligned, page_units, valid_align, CLASS_COUNT,
 };
@@ -350,15 +349,21 @@ impl<W: Word> Heap<'_, W> {
 
     /// Claims `units` free consecutive units in `floor..limit` from the
     /// page map.
+    #[inline(never)]
     fn claim_units(&self, units: u32, hint: u32, floor: u32, limit: u32) -> Option<u32> {
-        let map = PageMap::new(self.page_map);
+        let map = self.map();
+        let align = units.next_power_of_two();
+        let hint = match self.placement() & Placement::CLASS_PAGES_LOW {
+            0 => hint,
+            _ => floor,
+        };
         if units == 1 {
             map.claim_one_within(hint, floor, limit)
         } else {
             // Aligned, so pages pack (see `claim_run_aligned`); a page
             // that finds no aligned run is served as a span instead
             // (`try_fallback`), which may start anywhere.
-            map.claim_run_within(units, units.next_power_of_two(), floor, limit, hint)
+            map.claim_run_within(units, align, floor, limit, hint)
         }
     }
 

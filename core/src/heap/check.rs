@@ -3,7 +3,6 @@
 use super::lifecycle::list_threshold;
 use super::Heap;
 use crate::page::{Avail, Kind, STATE_ATTACHED, STATE_FLOATING, STATE_LISTED};
-use crate::page_map::PageMap;
 use crate::size_class::{blocks_per_page, page_units, CLASS_COUNT};
 use crate::sync::Ordering;
 use crate::word::Word;
@@ -12,7 +11,10 @@ impl<W: Word> Heap<'_, W> {
     /// Checks every structural invariant; call only while no thread uses
     /// the heap. Returns the first violation found.
     pub fn check_invariants(&self) -> Result<(), &'static str> {
-        let map = PageMap::new(self.page_map);
+        let map = self.map();
+        if !map.summary_is_exact() {
+            return Err("page-map summary calls a word full that is not");
+        }
         let mut p = 0u32;
         while p < self.page_count {
             let d = &self.descs[p as usize];

@@ -5,7 +5,6 @@
 use super::alloc::INSTALLING;
 use super::Heap;
 use crate::page::{Avail, Kind, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
-use crate::page_map::PageMap;
 use crate::size_class::{blocks_per_page, page_units, CLASS_COUNT};
 use crate::stats::Counters;
 use crate::sync::Ordering;
@@ -66,7 +65,7 @@ impl<W: Word> Heap<'_, W> {
             d.kind.store(KIND_FREE, Ordering::Release);
         }
         Counters::bump(&self.counters.pages_retired, 1);
-        PageMap::new(self.page_map).release_run(page, units);
+        self.map().release_run(page, units);
     }
 
     /// Returns `n` blocks of a class page to its `avail`, then settles it.

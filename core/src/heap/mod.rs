@@ -103,6 +103,24 @@ pub enum FreeError {
     NotAllocated,
 }
 
+/// How a heap places fresh pages (bits of [`Heap::set_placement`]).
+pub struct Placement;
+
+impl Placement {
+    /// Spans go to the shortest free run that holds them (best fit over
+    /// the whole heap) instead of the first from the slot's hint: long-
+    /// lived blocks of many sizes, as a host pool serves, leave fewer
+    /// unusable gaps. Each span allocation then reads the whole page map
+    /// (through its summary).
+    pub const BEST_FIT_SPANS: u64 = 1;
+    /// Size-class pages are claimed as low in the heap as they are free
+    /// (first fit from the bottom, not from the slot's own part), so they
+    /// pack together instead of splitting the long free runs that spans
+    /// need. Threads then contend for the same page-map words when they
+    /// claim pages at once: for a host pool's few threads, not a kernel's.
+    pub const CLASS_PAGES_LOW: u64 = 2;
+}
+
 /// A heap over a metadata region and a data region.
 pub struct Heap<'a, W: Word = u32> {
     data: usize,
@@ -112,6 +130,9 @@ pub struct Heap<'a, W: Word = u32> {
     lists: &'a [AtomicU64],
     cache: &'a [AtomicU32],
     descs: &'a [PageDesc],
+    /// The page map's words, then its summary (see [`PageMap`]): one
+    /// slice, as the heap's struct is copied to local memory on the GPU by
+    /// every thread that calls out of line, and each field costs there.
     page_map: &'a [AtomicU32],
     bitmaps: &'a [W::Atomic],
 }
@@ -159,7 +180,7 @@ impl<'a, W: Word> Heap<'a, W> {
                 descs: core::slice::from_raw_parts(m.add(l.descs) as *const PageDesc, n),
                 page_map: core::slice::from_raw_parts(
                     m.add(l.page_map) as *const AtomicU32,
-                    n.div_ceil(32),
+                    PageMap::words(h.page_count) + PageMap::summary_words(h.page_count),
                 ),
                 bitmaps: core::slice::from_raw_parts(
                     m.add(l.bitmaps) as *const W::Atomic,
@@ -167,6 +188,13 @@ impl<'a, W: Word> Heap<'a, W> {
                 ),
             }
         }
+    }
+
+    /// The page map and its summary.
+    #[inline(always)]
+    fn map(&self) -> PageMap<'_> {
+        let (words, full) = self.page_map.split_at(PageMap::words(self.page_count));
+        PageMap::new(words, full)
     }
 
     pub fn page_count(&self) -> u32 {
@@ -207,10 +235,7 @@ impl<'a, W: Word> Heap<'a, W> {
     /// O((to - from) / 32) atomics.
     pub fn fence(&self, from: u32, to: u32) -> bool {
         let to = to.min(self.page_count);
-        from >= to
-            || PageMap::new(self.page_map)
-                .try_claim(from, to - from)
-                .is_ok()
+        from >= to || self.map().try_claim(from, to - from).is_ok()
     }
 
     /// Returns fenced pages `from..to` to service (a growing owner maps
@@ -225,13 +250,30 @@ impl<'a, W: Word> Heap<'a, W> {
     pub unsafe fn unfence(&self, from: u32, to: u32) {
         let to = to.min(self.page_count);
         if from < to {
-            PageMap::new(self.page_map).release_run(from, to - from);
+            self.map().release_run(from, to - from);
         }
+    }
+
+    /// Sets how fresh pages are placed ([`Placement`] bits); the owner
+    /// calls it before the heap serves anyone.
+    pub fn set_placement(&self, bits: u64) {
+        self.counters.placement.store(bits, Ordering::Relaxed);
+    }
+
+    #[inline(always)]
+    fn placement(&self) -> u64 {
+        self.counters.placement.load(Ordering::Relaxed)
+    }
+
+    /// Free pages right below the page limit (a snapshot): a request that
+    /// finds no room needs that many pages fewer mapped past the limit.
+    pub fn free_tail(&self) -> u32 {
+        self.map().free_below(self.limit())
     }
 
     /// Whether any page in `from..to` is in use (a snapshot).
     pub fn any_in_use(&self, from: u32, to: u32) -> bool {
-        let map = PageMap::new(self.page_map);
+        let map = self.map();
         (from..to.min(self.page_count)).any(|p| map.is_set(p))
     }
 

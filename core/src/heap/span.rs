@@ -2,9 +2,8 @@
 //! in place by claiming the pages after it and shrinks in place by giving
 //! its last pages back.
 
-use super::{AllocError, FreeError, FreeOutcome, Heap};
+use super::{AllocError, FreeError, FreeOutcome, Heap, Placement};
 use crate::page::{KIND_FREE, KIND_SPAN_HEAD, KIND_SPAN_TAIL};
-use crate::page_map::PageMap;
 use crate::size_class::{span_pages, PAGE_SIZE};
 use crate::stats::Counters;
 use crate::sync::Ordering;
@@ -25,18 +24,27 @@ impl<W: Word> Heap<'_, W> {
         if pages > self.page_count as usize {
             return Err(AllocError::TooLarge);
         }
-        let map = PageMap::new(self.page_map);
+        let map = self.map();
         // Each slot starts its search in its own part of the heap (of the
         // last growth step, on a heap that grows while kernels run).
         let limit = self.limit();
         let floor = self.fresh_floor(limit);
         let part = (slot % self.slots) as u64 * (limit - floor) as u64 / self.slots as u64;
         let hint = floor + part as u32;
-        let mut start = map.claim_run_within(pages as u32, 1, floor, limit, hint);
+        let best = self.placement() & Placement::BEST_FIT_SPANS != 0;
+        // Anywhere in the heap.
+        let claim = || match best {
+            true => map.claim_best(pages as u32, 0, limit),
+            false => map.claim_run(pages as u32, limit, 0),
+        };
+        let mut start = match best {
+            true => map.claim_best(pages as u32, floor, limit),
+            false => map.claim_run_within(pages as u32, 1, floor, limit, hint),
+        };
         if start.is_none() && floor > 0 {
             // The last step's pages are taken: pages freed below it first,
             // before any ask for more.
-            start = map.claim_run(pages as u32, limit, 0);
+            start = claim();
             start.inspect(|&s| self.note_claimed(s));
         }
         let asked_first = || !self.may_grow() || self.ask_for(limit, pages as u32);
@@ -44,7 +52,7 @@ impl<W: Word> Heap<'_, W> {
             // Claim again even if this scavenge retired nothing: another
             // thread's may just have freed the pages.
             self.scavenge();
-            start = map.claim_run(pages as u32, limit, 0);
+            start = claim();
         }
         let Some(start) = start else {
             return Err(AllocError::OutOfMemory);
@@ -82,7 +90,7 @@ impl<W: Word> Heap<'_, W> {
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
-        PageMap::new(self.page_map).release_run(page, n);
+        self.map().release_run(page, n);
         Counters::bump(&self.counters.spans_freed, 1);
         Ok(FreeOutcome {
             freed: 1,
@@ -106,7 +114,7 @@ impl<W: Word> Heap<'_, W> {
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
-        PageMap::new(self.page_map).release_run(page + want, have - want);
+        self.map().release_run(page + want, have - want);
     }
 
     /// Grows the span at `page` from `have` to `want` pages by claiming
@@ -119,9 +127,7 @@ impl<W: Word> Heap<'_, W> {
     /// O(want - have).
     pub(super) fn grow_span(&self, page: u32, have: u32, want: u32) -> bool {
         if page as u64 + want as u64 > self.limit() as u64
-            || PageMap::new(self.page_map)
-                .try_claim(page + have, want - have)
-                .is_err()
+            || self.map().try_claim(page + have, want - have).is_err()
         {
             return false;
         }

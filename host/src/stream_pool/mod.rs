@@ -51,7 +51,7 @@ use crate::vmm::{Part, Region, Reservation};
 use cache::{hinted, remember, thread_slot, Cache, Key, StreamCache, ALLOCS, CROSS, FREES, SAME};
 use cudarc::driver::CudaContext;
 use cuheap_core::size_class::PAGE_SIZE;
-use cuheap_core::{Heap, HeapHandle, Layout, MAX_CLASS_SIZE};
+use cuheap_core::{Heap, HeapHandle, Layout, Placement, MAX_CLASS_SIZE};
 use guard::Guards;
 use live::LiveBits;
 use stats::{BAD, FLUSHES, GROWS, RETIRES};
@@ -88,6 +88,13 @@ pub struct PoolConfig {
     pub chunk: usize,
     /// Bytes [`Pool::synchronize`] leaves mapped (CUDA's release threshold).
     pub release_threshold: usize,
+    /// How the heap places blocks ([`Placement`] bits). The default, best
+    /// fit for spans and size-class pages packed low, keeps the memory
+    /// mapped close to what is in use for blocks of many sizes; it also
+    /// hands a stream memory that another stream freed a moment ago
+    /// sooner, with a wait for that stream's work on the device. 0 spreads
+    /// threads over the heap, first fit from each one's own part.
+    pub placement: u64,
 }
 
 impl PoolConfig {
@@ -98,8 +105,9 @@ impl PoolConfig {
             initial: 64 << 20,
             chunk: 32 << 20,
             release_threshold: usize::MAX,
-            stream_cache_limit: 64 << 20,
-            cache_limit: 256 << 20,
+            stream_cache_limit: 8 << 20,
+            cache_limit: 64 << 20,
+            placement: Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW,
         }
     }
 }
@@ -274,6 +282,7 @@ impl<B: Backend> Pool<B> {
             return Err(Error::InvalidArgument("pool metadata not empty".into()));
         }
         heap.set_limit(1);
+        heap.set_placement(cfg.placement);
         pool.grow(cfg.initial.max(1))?;
         Ok(pool)
     }
@@ -859,15 +868,15 @@ impl<B: Backend> Pool<B> {
         if let Ok(p) = heap.alloc(size, slot) {
             return Some(p as usize as u64); // another thread grew it
         }
-        let need = size
-            + if size <= MAX_CLASS_SIZE {
-                16 * PAGE_SIZE
-            } else {
-                0
-            };
+        // A span extends the free pages at the end of the mapping.
+        let need = if size <= MAX_CLASS_SIZE {
+            size + 16 * PAGE_SIZE
+        } else {
+            size.saturating_sub(heap.free_tail() as usize * PAGE_SIZE)
+        };
         let mapped = self.region.mapped();
         // A partial growth still opens what it mapped: try the heap anyway.
-        let _ = self.grow(mapped + need.max(self.region.chunk()).max(mapped / 32));
+        let _ = self.grow(mapped + need.max(self.region.chunk()));
         heap.alloc(size, slot).ok().map(|p| p as usize as u64)
     }
 

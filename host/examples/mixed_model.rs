@@ -1,0 +1,40 @@
+//! The host benchmark's mixed case (10,000 live blocks of 256 B..1 MiB,
+//! allocate all then free all, three rounds) on the pool over host
+//! memory: the pool's own time per call, without a GPU.
+
+use cuheap_host::{HostBackend, HostStream, Pool, PoolConfig};
+use std::time::Instant;
+
+fn main() {
+    let reserve = 16usize << 30;
+    let pool = Pool::with_backend(
+        HostBackend::new(64 << 10, usize::MAX),
+        PoolConfig::new(reserve),
+    )
+    .expect("pool");
+    let s = HostStream::new();
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let sizes: Vec<usize> = (0..10_000)
+        .map(|_| 256 + (next() % (1 << 20)) as usize)
+        .collect();
+    for round in 0..3 {
+        let t = Instant::now();
+        let live: Vec<u64> = sizes
+            .iter()
+            .map(|&sz| pool.alloc(sz, &s).expect("alloc"))
+            .collect();
+        let ta = t.elapsed().as_secs_f64() * 1e6 / sizes.len() as f64;
+        let t = Instant::now();
+        for p in live {
+            pool.free(p, &s).expect("free");
+        }
+        let tf = t.elapsed().as_secs_f64() * 1e6 / sizes.len() as f64;
+        println!("round {round}: alloc {ta:.3} us, free {tf:.3} us per call");
+    }
+}
