@@ -125,8 +125,8 @@ typedef struct cuheap_pool_config {
     size_t reserve;            /* address space; never maps more (device memory) */
     size_t initial;            /* mapped at creation (64 MiB) */
     size_t chunk;              /* mapping unit (32 MiB) */
-    size_t stream_cache_limit; /* bytes one stream's cache may hold (8 MiB) */
-    size_t cache_limit;        /* bytes all streams' caches may hold (64 MiB) */
+    size_t stream_cache_limit; /* bytes one stream's cache may hold (64 MiB) */
+    size_t cache_limit;        /* bytes all streams' caches may hold (256 MiB) */
 } cuheap_pool_config_t;
 
 typedef struct cuheap_pool_stats {

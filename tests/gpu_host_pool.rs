@@ -40,12 +40,14 @@ fn busy(s: &CudaStream) -> bool {
 fn cross_stream_reuse_waits_on_the_gpu_not_the_host() {
     let _turn = turn();
     let gpu = gpu();
-    // The block fills the pool's initial mapping, so B can only get it back.
+    // The block fills the pool's initial mapping, so B can only get it back,
+    // and A's cache keeps it (B takes it from there).
     let pool = Arc::new(
         Pool::new(
             gpu.context(),
             PoolConfig {
                 initial: 64 << 20,
+                stream_cache_limit: 128 << 20,
                 ..PoolConfig::new(1 << 30)
             },
         )

@@ -22,9 +22,9 @@ pub struct CuheapPoolConfig {
     pub initial: usize,
     /// Mapping unit (rounded to the device's granularity). Default 32 MiB.
     pub chunk: usize,
-    /// Bytes one stream's cache may hold. Default 8 MiB.
+    /// Bytes one stream's cache may hold. Default 64 MiB.
     pub stream_cache_limit: usize,
-    /// Bytes all streams' caches may hold together. Default 64 MiB.
+    /// Bytes all streams' caches may hold together. Default 256 MiB.
     pub cache_limit: usize,
 }
 

@@ -202,6 +202,31 @@ mod tests {
         assert_eq!((s.failed_allocs, s.bad_frees), (0, 1));
     }
 
+    /// Best fit takes the shortest run that holds a span; turned on over a
+    /// heap with pages in use, its summary is rebuilt first.
+    #[test]
+    fn best_fit_spans_take_the_shortest_run() {
+        use crate::heap::Placement;
+        let owned = OwnedHeap::<u32>::new(64, 1).unwrap();
+        let heap = owned.heap();
+        let page = |n: usize| heap.alloc(n * PAGE_SIZE, 0).unwrap();
+        // Spans of 10, 2, 3 and 40 pages (9 left at the end); freeing the
+        // first and the third leaves free runs of 10, 3 and 9 pages.
+        let (a, mid, b) = (page(10), page(2), page(3));
+        let rest = page(40);
+        heap.free(a, 0).unwrap();
+        heap.free(b, 0).unwrap();
+        heap.set_placement(Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW);
+        heap.check_invariants().unwrap();
+        assert_eq!(page(2), b, "the 3-page run, not the first fit");
+        assert_eq!(page(10), a, "only the 10-page run holds 10");
+        for p in [a, b, mid, rest] {
+            heap.free(p, 0).unwrap();
+        }
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
+    }
+
     /// Spans grow into the pages after them and shrink by giving pages
     /// back; a class block grows into a span and back.
     #[test]

@@ -66,11 +66,34 @@ impl<'a> PageMap<'a> {
         Self { words, full, used }
     }
 
+    /// Rebuilds the `used` summary from the words; call only while no
+    /// claim or release runs.
+    pub fn rebuild_used(&self) {
+        for (i, cell) in self.used.iter().enumerate() {
+            let bits = (0..32)
+                .filter(|b| {
+                    let w = i * 32 + b;
+                    w < self.words.len() && self.words[w].load(Ordering::Relaxed) != 0
+                })
+                .fold(0u32, |acc, b| acc | 1 << b);
+            cell.store(bits, Ordering::Relaxed);
+        }
+    }
+
+    /// This view without the `used` summary: not read, not kept. A heap
+    /// whose searches stop at the first fit gains little from it, and
+    /// thousands of GPU threads claiming and giving back pages at once pay
+    /// for keeping it. The heap's owner decides once, before first use: a
+    /// summary left unkept would be stale for any view that reads it.
+    pub fn without_used(self) -> Self {
+        Self { used: &[], ..self }
+    }
+
     /// After a claim of bits `m` in word `w` that returned `old`: records a
     /// word it filled in the summary (see the module's protocol).
     #[inline(always)]
     fn claimed(&self, w: u32, old: u32, m: u32) {
-        if old == 0 {
+        if old == 0 && !self.used.is_empty() {
             self.mark_used(w);
         }
         if old | m == u32::MAX && old != u32::MAX {
@@ -104,7 +127,7 @@ impl<'a> PageMap<'a> {
         if old == u32::MAX && m & old != 0 {
             self.mark_open(w);
         }
-        if old != 0 && old & !m == 0 {
+        if old != 0 && old & !m == 0 && !self.used.is_empty() {
             self.mark_empty(w);
         }
     }
@@ -425,7 +448,8 @@ impl<'a> PageMap<'a> {
         (0..self.words.len()).all(|w| {
             let bit = |s: &[AtomicU32]| s[w / 32].load(Ordering::Relaxed) & (1 << (w % 32)) != 0;
             let word = self.words[w].load(Ordering::Relaxed);
-            (!bit(self.full) || word == u32::MAX) && (bit(self.used) || word == 0)
+            (!bit(self.full) || word == u32::MAX)
+                && (self.used.is_empty() || bit(self.used) || word == 0)
         })
     }
 

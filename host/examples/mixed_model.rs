@@ -24,17 +24,30 @@ fn main() {
         .map(|_| 256 + (next() % (1 << 20)) as usize)
         .collect();
     for round in 0..3 {
-        let t = Instant::now();
+        let mut times: Vec<f64> = Vec::with_capacity(sizes.len());
         let live: Vec<u64> = sizes
             .iter()
-            .map(|&sz| pool.alloc(sz, &s).expect("alloc"))
+            .map(|&sz| {
+                let t = Instant::now();
+                let p = pool.alloc(sz, &s).expect("alloc");
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+                p
+            })
             .collect();
-        let ta = t.elapsed().as_secs_f64() * 1e6 / sizes.len() as f64;
+        let ta = times.iter().sum::<f64>() / times.len() as f64;
+        times.sort_by(f64::total_cmp);
+        let p50 = times[times.len() / 2];
         let t = Instant::now();
         for p in live {
             pool.free(p, &s).expect("free");
         }
         let tf = t.elapsed().as_secs_f64() * 1e6 / sizes.len() as f64;
-        println!("round {round}: alloc {ta:.3} us, free {tf:.3} us per call");
+        let (st, c) = (pool.stats(), pool.backend().counts());
+        println!(
+            "round {round}: alloc {ta:.3} us (p50 {p50:.3}), free {tf:.3} us per call; so far {} grows, \
+             {} retires; device calls: {} event records, {} stream waits, {} event queries, \
+             {} host waits for events",
+            st.grows, st.retires, c.records, c.waits, c.queries, c.event_syncs
+        );
     }
 }

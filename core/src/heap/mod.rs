@@ -111,7 +111,8 @@ impl Placement {
     /// the whole heap) instead of the first from the slot's hint: long-
     /// lived blocks of many sizes, as a host pool serves, leave fewer
     /// unusable gaps. Each span allocation then reads the whole page map
-    /// (through its summary).
+    /// (through its summaries; the heap keeps the second one, of words
+    /// with pages in use, only with this bit).
     pub const BEST_FIT_SPANS: u64 = 1;
     /// Size-class pages are claimed as low in the heap as they are free
     /// (first fit from the bottom, not from the slot's own part), so they
@@ -193,8 +194,14 @@ impl<'a, W: Word> Heap<'a, W> {
     /// The page map and its summary.
     #[inline(always)]
     fn map(&self) -> PageMap<'_> {
-        let (words, full) = self.page_map.split_at(PageMap::words(self.page_count));
-        PageMap::new(words, full)
+        let (words, summary) = self.page_map.split_at(PageMap::words(self.page_count));
+        let map = PageMap::new(words, summary);
+        // Only best-fit searches read the `used` summary, so only heaps
+        // that place spans by best fit keep it (see `without_used`).
+        match self.placement() & Placement::BEST_FIT_SPANS {
+            0 => map.without_used(),
+            _ => map,
+        }
     }
 
     pub fn page_count(&self) -> u32 {
@@ -254,10 +261,13 @@ impl<'a, W: Word> Heap<'a, W> {
         }
     }
 
-    /// Sets how fresh pages are placed ([`Placement`] bits); the owner
-    /// calls it before the heap serves anyone.
+    /// Sets how fresh pages are placed ([`Placement`] bits). Call it only
+    /// while no thread uses the heap (the owner does, before it serves
+    /// anyone): it brings the page-map summary that best fit reads up to
+    /// date with the pages in use.
     pub fn set_placement(&self, bits: u64) {
         self.counters.placement.store(bits, Ordering::Relaxed);
+        self.map().rebuild_used();
     }
 
     #[inline(always)]

@@ -105,8 +105,8 @@ impl PoolConfig {
             initial: 64 << 20,
             chunk: 32 << 20,
             release_threshold: usize::MAX,
-            stream_cache_limit: 8 << 20,
-            cache_limit: 64 << 20,
+            stream_cache_limit: 64 << 20,
+            cache_limit: 256 << 20,
             placement: Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW,
         }
     }
@@ -858,26 +858,34 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// Grows the mapping by at least `size` plus a page per class page (or
-    /// a chunk, or 1/32 of what is mapped: few growths, and at most about
-    /// 3% mapped past what is needed) and allocates, holding
-    /// `grow_lock` throughout so that no trim unmaps the new memory first.
+    /// Grows the mapping and allocates, holding `grow_lock` throughout so
+    /// that no trim unmaps the new memory first. A span first gets only
+    /// what the free pages at the end of the mapping lack (by at least a
+    /// chunk); if other threads took those pages meanwhile, the mapping
+    /// grows again by the whole size. A class block gets its size plus 16
+    /// pages, for the page its class needs.
     fn grow_and_alloc(&self, size: usize, slot: u32) -> Option<u64> {
         let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
         let heap = self.heap();
         if let Ok(p) = heap.alloc(size, slot) {
             return Some(p as usize as u64); // another thread grew it
         }
-        // A span extends the free pages at the end of the mapping.
-        let need = if size <= MAX_CLASS_SIZE {
-            size + 16 * PAGE_SIZE
-        } else {
-            size.saturating_sub(heap.free_tail() as usize * PAGE_SIZE)
-        };
-        let mapped = self.region.mapped();
-        // A partial growth still opens what it mapped: try the heap anyway.
-        let _ = self.grow(mapped + need.max(self.region.chunk()));
-        heap.alloc(size, slot).ok().map(|p| p as usize as u64)
+        for whole in [false, true] {
+            let need = if size <= MAX_CLASS_SIZE {
+                size + 16 * PAGE_SIZE
+            } else if whole {
+                size
+            } else {
+                size.saturating_sub(heap.free_tail() as usize * PAGE_SIZE)
+            };
+            let mapped = self.region.mapped();
+            // A partial growth still opens what it mapped: try the heap.
+            let _ = self.grow(mapped + need.max(self.region.chunk()));
+            if let Ok(p) = heap.alloc(size, slot) {
+                return Some(p as usize as u64);
+            }
+        }
+        None
     }
 
     /// Maps memory until `bytes` are mapped (or the reservation is), then
