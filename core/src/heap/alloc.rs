@@ -110,14 +110,23 @@ impl<W: Word> Heap<'_, W> {
     /// After [`Heap::reserve`] failed for `class`: a class whose pages are
     /// several units long may still fit as a span of whole units (a small
     /// or fragmented heap); otherwise the failure is counted here.
-    #[cold]
-    #[inline(never)]
+    ///
+    /// Out of line, called with the heap's handle in scalars (see
+    /// `Heap::settle`: a view passed by reference stays in local memory
+    /// for the whole kernel).
+    #[inline(always)]
     pub fn alloc_fallback(
         &self,
         size: usize,
         class: u32,
         slot: u32,
     ) -> Result<*mut u8, AllocError> {
+        let h = self.handle();
+        fallback_at::<W>(h.meta, h.data, h.page_count, h.slots, size, class, slot)
+    }
+
+    #[inline(always)]
+    fn fallback_here(&self, size: usize, class: u32, slot: u32) -> Result<*mut u8, AllocError> {
         if page_units(class) > 1 {
             return self.alloc_span(size, slot);
         }
@@ -441,4 +450,21 @@ impl<W: Word> Heap<'_, W> {
         Counters::bump(&self.counters.failed_allocs, 1);
         e
     }
+}
+
+/// [`Heap::alloc_fallback`] on the heap of a handle, out of line.
+#[cold]
+#[inline(never)]
+fn fallback_at<W: Word>(
+    meta: u64,
+    data: u64,
+    page_count: u32,
+    slots: u32,
+    size: usize,
+    class: u32,
+    slot: u32,
+) -> Result<*mut u8, AllocError> {
+    // SAFETY: as in `settle_at`.
+    let heap = unsafe { Heap::<W>::from_parts(meta, data, page_count, slots) };
+    heap.fallback_here(size, class, slot)
 }

@@ -43,9 +43,20 @@ impl<W: Word> Heap<'_, W> {
     }
 
     /// Acts on a floating page given the `avail` one RMW returned: retires
-    /// it when empty, lists it when a quarter is free.
-    #[inline(never)]
+    /// it when empty, lists it when a quarter is free. Out of line, and
+    /// called with the heap's handle in scalars, not with `&self`: a
+    /// kernel that passes the view by reference keeps the whole view in
+    /// local memory, written by every thread at its start, although few
+    /// threads ever settle a page (the free kernel spent a good part of
+    /// its time on those stores).
+    #[inline(always)]
     pub(super) fn settle(&self, page: u32, a: Avail, slot: u32) {
+        let h = self.handle();
+        settle_at::<W>(h.meta, h.data, h.page_count, h.slots, page, a, slot);
+    }
+
+    #[inline(always)]
+    fn settle_here(&self, page: u32, a: Avail, slot: u32) {
         let d = &self.descs[page as usize];
         let Kind::Class(class) = d.kind() else { return };
         let cap = blocks_per_page(class);
@@ -147,4 +158,21 @@ impl<W: Word> Heap<'_, W> {
         }
         (self.counters.pages_retired.load(Ordering::Relaxed) - before) as u32
     }
+}
+
+/// [`Heap::settle`] on the heap of a handle, out of line.
+#[inline(never)]
+fn settle_at<W: Word>(
+    meta: u64,
+    data: u64,
+    page_count: u32,
+    slots: u32,
+    page: u32,
+    a: Avail,
+    slot: u32,
+) {
+    // SAFETY: the handle of a live view (`Heap::handle`), whose contract
+    // holds while its caller runs, and so during this call.
+    let heap = unsafe { Heap::<W>::from_parts(meta, data, page_count, slots) };
+    heap.settle_here(page, a, slot);
 }

@@ -204,6 +204,37 @@ impl<'a, W: Word> Heap<'a, W> {
         }
     }
 
+    /// [`Heap::from_handle`] from the handle's fields, as the out-of-line
+    /// paths receive them (see `Heap::settle`).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Heap::from_handle`].
+    #[inline(always)]
+    pub(super) unsafe fn from_parts(meta: u64, data: u64, page_count: u32, slots: u32) -> Self {
+        let h = HeapHandle {
+            meta,
+            data,
+            page_count,
+            slots,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::from_handle(&h) }
+    }
+
+    /// The handle this view was built from.
+    #[inline(always)]
+    pub fn handle(&self) -> HeapHandle {
+        const { assert!(Layout::new(1, 1).counters == 0) };
+        HeapHandle {
+            // The counters open the metadata (see `Layout`).
+            meta: self.counters as *const Counters as usize as u64,
+            data: self.data as u64,
+            page_count: self.page_count,
+            slots: self.slots,
+        }
+    }
+
     pub fn page_count(&self) -> u32 {
         self.page_count
     }
