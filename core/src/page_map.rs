@@ -343,8 +343,15 @@ impl<'a> PageMap<'a> {
         }
         loop {
             let at = self.find_best(len, floor, limit)?;
-            if self.try_claim(at, len).is_ok() {
-                return Some(at);
+            match self.try_claim(at, len) {
+                Ok(()) => return Some(at),
+                // The search took a page in use for free: its word's
+                // `used` bit lags behind a claim under way (or was left
+                // stale). Set it, so the next search reads the word and
+                // goes past the page instead of picking it again; a bit
+                // set early only costs a load.
+                Err(used) if !self.used.is_empty() => self.mark_used(used / 32),
+                Err(_) => {}
             }
         }
     }
@@ -560,6 +567,21 @@ mod tests {
                 assert_eq!(m.free_below(limit), tail);
             }
         }
+    }
+
+    /// Best fit gets past a page whose word the `used` summary calls empty
+    /// (a claim under way, or a summary left stale): it does not pick the
+    /// same run again and again.
+    #[test]
+    fn best_fit_gets_past_a_word_wrongly_called_empty() {
+        let (w, f) = zeroed(64);
+        let m = PageMap::new(&w, &f);
+        // A view that does not keep `used` claims page 0: the full view's
+        // summary still calls word 0 empty.
+        assert_eq!(PageMap::new(&w, &f).without_used().try_claim(0, 1), Ok(()));
+        assert!(!m.summary_is_exact());
+        assert_eq!(m.claim_best(1, 0, 64), Some(1));
+        assert!(m.summary_is_exact());
     }
 
     #[test]

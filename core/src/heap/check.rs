@@ -13,7 +13,7 @@ impl<W: Word> Heap<'_, W> {
     pub fn check_invariants(&self) -> Result<(), &'static str> {
         let map = self.map();
         if !map.summary_is_exact() {
-            return Err("page-map summary calls a word full that is not");
+            return Err("page-map summary out of date: a word called full or empty that is not");
         }
         let mut p = 0u32;
         while p < self.page_count {

@@ -196,8 +196,8 @@ impl<'a, W: Word> Heap<'a, W> {
     fn map(&self) -> PageMap<'_> {
         let (words, summary) = self.page_map.split_at(PageMap::words(self.page_count));
         let map = PageMap::new(words, summary);
-        // Only best-fit searches read the `used` summary, so only heaps
-        // that place spans by best fit keep it (see `without_used`).
+        // Only heaps that place spans by best fit keep the `used` summary
+        // (see `without_used`); their searches, first fit included, read it.
         match self.placement() & Placement::BEST_FIT_SPANS {
             0 => map.without_used(),
             _ => map,
