@@ -32,10 +32,10 @@ pub struct ReplayRow {
 
 fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayRow> {
     let mut streams: HashMap<u64, Arc<CudaStream>> = HashMap::new();
-    let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
+    // The trace's pointer -> ours, its stream and the trace's size.
+    let mut live: HashMap<u64, (u64, u64, usize)> = HashMap::new();
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
     let (mut requested, mut peak) = (0usize, 0usize);
-    let mut sizes: HashMap<u64, usize> = HashMap::new();
     let start = Instant::now();
     for e in events {
         let s = match streams.get(&e.stream) {
@@ -55,18 +55,16 @@ fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayR
                 let p = a.allocate(e.size.max(1), &s)?;
                 ta.push(us(t));
                 requested += e.size;
-                if let Some(old) = sizes.insert(e.ptr, e.size) {
-                    requested -= old;
-                }
-                peak = peak.max(requested);
-                if let Some((old, sid)) = live.insert(e.ptr, (p, e.stream)) {
+                if let Some((old, sid, size)) = live.insert(e.ptr, (p, e.stream, e.size)) {
                     // The trace reused a pointer it never freed: free ours.
+                    requested -= size;
                     a.deallocate(old, streams.get(&sid).unwrap_or(&s))?;
                 }
+                peak = peak.max(requested);
             }
             Action::Free => {
-                requested -= sizes.remove(&e.ptr).unwrap_or(0);
-                if let Some((p, _)) = live.remove(&e.ptr) {
+                if let Some((p, _, size)) = live.remove(&e.ptr) {
+                    requested -= size;
                     let t = Instant::now();
                     a.deallocate(p, &s)?;
                     tf.push(us(t));
@@ -76,7 +74,7 @@ fn replay_one(gpu: &Gpu, a: &dyn Alloc, events: &[TraceEvent]) -> Result<ReplayR
         }
     }
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
-    for (_, (p, sid)) in live {
+    for (_, (p, sid, _)) in live {
         if let Some(s) = streams.get(&sid) {
             a.deallocate(p, s)?;
         }
