@@ -95,6 +95,18 @@ fn every_method_matches_the_reference_on_every_generator() {
             gen::banded(3000, 40, 3).unwrap(),
         ),
         ("uniform 5000, 12/row", gen::uniform(5000, 12, 4).unwrap()),
+        // Rows of the warp bin (at most 128 nonzeros): B's rows of 8 or
+        // 17 entries, and A's rows of 41 entries, more than a warp takes
+        // in one batch.
+        ("uniform 5000, 8/row", gen::uniform(5000, 8, 5).unwrap()),
+        (
+            "banded 3000, half width 8",
+            gen::banded(3000, 8, 6).unwrap(),
+        ),
+        (
+            "banded 3000, half width 20",
+            gen::banded(3000, 20, 7).unwrap(),
+        ),
     ];
     for (name, a) in &inputs {
         let at = a.transpose();

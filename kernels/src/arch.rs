@@ -214,6 +214,70 @@ pub fn dynamic_shared() -> *mut u8 {
     p as *mut u8
 }
 
+/// Relaxed, block-scoped atomic load of `*p` in shared memory
+/// (`ld.relaxed.cta.shared`).
+///
+/// # Safety
+///
+/// `p` is a valid, 4-byte aligned address in the block's shared memory
+/// (a generic address, as [`dynamic_shared`] gives).
+#[cfg(feature = "bench")]
+#[inline(always)]
+pub unsafe fn shared_load_u32(p: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .u64 a; cvta.to.shared.u64 a, {p}; ld.relaxed.cta.shared.u32 {v}, [a]; }}",
+            p = in(reg64) p,
+            v = out(reg32) v,
+        )
+    };
+    v
+}
+
+/// Block-scoped compare-and-swap on `*p` in shared memory: writes `new` if
+/// it held `old`; returns what it held (`atom.relaxed.cta.shared.cas`).
+///
+/// # Safety
+///
+/// As for [`shared_load_u32`]; others access `*p` only atomically meanwhile.
+#[cfg(feature = "bench")]
+#[inline(always)]
+pub unsafe fn shared_cas_u32(p: *mut u32, old: u32, new: u32) -> u32 {
+    let v: u32;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .u64 a; cvta.to.shared.u64 a, {p}; atom.relaxed.cta.shared.cas.b32 {v}, [a], {o}, {n}; }}",
+            p = in(reg64) p,
+            o = in(reg32) old,
+            n = in(reg32) new,
+            v = out(reg32) v,
+        )
+    };
+    v
+}
+
+/// `*p += v` in shared memory as one block-scoped atomic operation whose
+/// result is not needed (`red.relaxed.cta.shared.add.f64`).
+///
+/// # Safety
+///
+/// As for [`shared_cas_u32`], 8-byte aligned.
+#[cfg(feature = "bench")]
+#[inline(always)]
+pub unsafe fn shared_add_f64(p: *mut f64, v: f64) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .u64 a; .reg .f64 t; cvta.to.shared.u64 a, {p}; mov.b64 t, {v}; red.relaxed.cta.shared.add.f64 [a], t; }}",
+            p = in(reg64) p,
+            v = in(reg64) v.to_bits(),
+        )
+    };
+}
+
 /// `*p += v` as one atomic operation whose result is not needed
 /// (`red.add.f64`); `p` may be in global or shared memory.
 ///

@@ -27,9 +27,9 @@
 mod problem;
 
 use crate::arch::{
-    activemask, atomic_add_f64, block_index, block_threads, dynamic_shared, global_thread,
-    grid_blocks, grid_threads, laneid, match_any, shfl, shfl_u64, shfl_up, sync_block, sync_warp,
-    thread_in_block,
+    activemask, atomic_add_f64, ballot, block_index, block_threads, dynamic_shared, global_thread,
+    grid_blocks, grid_threads, laneid, match_any, shared_add_f64, shared_cas_u32, shared_load_u32,
+    shfl, shfl_u64, shfl_up, sync_block, sync_warp, thread_in_block,
 };
 use crate::device_heap::{dev_alloc, dev_alloc_single, dev_free, dev_free_single};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -442,8 +442,9 @@ impl<A: Alloc> Blocks<A> {
 
 impl<A: Alloc> Output for Blocks<A> {
     const NUMERIC: bool = true;
-    // Out of line: the allocation's registers stay out of the row loop.
-    #[inline(never)]
+    // Inline: most rows of a chunk only move the cursor. The allocator is
+    // called out of line, so its registers stay out of the row loop.
+    #[inline(always)]
     unsafe fn place(&mut self, p: &Problem, row: u64, n: u32) -> Place {
         if n == 0 {
             // SAFETY: row < rows.
@@ -492,6 +493,9 @@ impl<A: Alloc> Output for Blocks<A> {
         }
         // One block for the warp's rows: each lane's part at the prefix
         // sum of the needs before it; the first lane with a row owns it.
+        // (Carving the rounds from chunks of 8 KiB held for later rounds
+        // took as long on an H100 and left a quarter of each chunk unused:
+        // a round needs about 5 KiB on a 2D stencil.)
         let lane = laneid();
         // SAFETY: all 32 lanes call this (the caller's contract).
         let incl = unsafe { warp_inclusive_scan(need) };
@@ -577,7 +581,8 @@ struct Header {
 ///
 /// # Safety
 ///
-/// `row < p.rows`; the arrays of `p` as documented.
+/// `row < p.rows`; the arrays of `p` as documented; the group's size is a
+/// power of two.
 #[inline(always)]
 unsafe fn for_products(
     p: &Problem,
@@ -588,19 +593,25 @@ unsafe fn for_products(
     mut f: impl FnMut(u32, f64),
 ) {
     let size = g.size as u64;
+    // In registers: `f` writes memory, after which fields of `p` would be
+    // read again.
+    let (a_cols, a_vals, b_offsets, b_cols, b_vals) =
+        (p.a_cols, p.a_vals, p.b_offsets, p.b_cols, p.b_vals);
     let mut base = 0u64;
     let mut each = |bs: u64, len: u64, a: f64, base: u64| {
-        let mut o = (g.rank as u64 + size - base % size) % size;
+        // The first of the row's products numbered `rank` modulo the
+        // group's size (a power of two).
+        let mut o = (g.rank as u64).wrapping_sub(base) & (size - 1);
         while o < len {
             let idx = bs + o;
             let v = if numeric {
                 // SAFETY: idx < the end of B's row.
-                a * unsafe { at::<f64>(p.b_vals, idx) }
+                a * unsafe { at::<f64>(b_vals, idx) }
             } else {
                 0.0
             };
             // SAFETY: as above.
-            f(unsafe { at::<u32>(p.b_cols, idx) }, v);
+            f(unsafe { at::<u32>(b_cols, idx) }, v);
             o += size;
         }
     };
@@ -610,10 +621,10 @@ unsafe fn for_products(
         for j in start..end {
             // SAFETY: j is an entry of A's row; k a row of B.
             unsafe {
-                let k = at::<u32>(p.a_cols, j) as u64;
-                let a = if numeric { at::<f64>(p.a_vals, j) } else { 0.0 };
-                let bs = at::<u64>(p.b_offsets, k);
-                let len = at::<u64>(p.b_offsets, k + 1) - bs;
+                let k = at::<u32>(a_cols, j) as u64;
+                let a = if numeric { at::<f64>(a_vals, j) } else { 0.0 };
+                let bs = at::<u64>(b_offsets, k);
+                let len = at::<u64>(b_offsets, k + 1) - bs;
                 each(bs, len, a, base);
                 base += len;
             }
@@ -635,11 +646,11 @@ unsafe fn for_products(
             let j = j0 + g.rank as u64;
             // SAFETY: j < end; the stage holds 3 x size words of the group.
             unsafe {
-                let k = at::<u32>(p.a_cols, j) as u64;
-                let bs = at::<u64>(p.b_offsets, k);
+                let k = at::<u32>(a_cols, j) as u64;
+                let bs = at::<u64>(b_offsets, k);
                 *st_bs.add(g.rank as usize) = bs;
-                *st_len.add(g.rank as usize) = at::<u64>(p.b_offsets, k + 1) - bs;
-                *st_a.add(g.rank as usize) = if numeric { at::<u64>(p.a_vals, j) } else { 0 };
+                *st_len.add(g.rank as usize) = at::<u64>(b_offsets, k + 1) - bs;
+                *st_a.add(g.rank as usize) = if numeric { at::<u64>(a_vals, j) } else { 0 };
             }
         }
         // SAFETY: every thread of the group runs the loop (uniform bounds).
@@ -657,44 +668,136 @@ unsafe fn for_products(
     }
 }
 
-/// Inserts `col` (adding `v` when `NUMERIC`) into the open-addressing
-/// table of `mask + 1` entries; counts new columns in `nnz`.
+/// `for_products` for a warp, which takes every product of a batch of the
+/// row's entries together: it stages up to 32 entries (one per lane), and
+/// lane `l` takes products `l`, `l + 32`, ... of the batch, numbered across
+/// the batch's rows of B, two at a time so that their loads overlap. So
+/// every lane works however short B's rows are (the round robin of
+/// [`for_products`] keeps only as many lanes busy as a row of B has
+/// entries).
 ///
 /// # Safety
 ///
-/// `keys` and `vals` hold `mask + 1` entries (a power of two) with room
-/// for every distinct column of the row; all accesses to them meanwhile
-/// are atomic.
+/// `row < p.rows`, a row of the warp bin; the arrays of `p` as documented;
+/// all 32 lanes of the warp call it; `stage` is `32 * STAGE_BYTES` bytes of
+/// shared memory that only this warp uses meanwhile.
 #[inline(always)]
-unsafe fn insert(
+unsafe fn warp_products(
+    p: &Problem,
+    row: u64,
     numeric: bool,
-    keys: *mut u32,
-    vals: *mut f64,
-    mask: u32,
-    nnz: &AtomicU32,
-    col: u32,
-    v: f64,
+    stage: *mut u64,
+    mut f: impl FnMut(u32, f64),
 ) {
+    let lane = laneid();
+    // In registers, as in `for_products`.
+    let (a_cols, a_vals, b_offsets, b_cols, b_vals) =
+        (p.a_cols, p.a_vals, p.b_offsets, p.b_cols, p.b_vals);
+    // SAFETY: 32 * STAGE_BYTES = 32 x (two u64 and one u32 and room).
+    let (st_bs, st_a, st_first) = unsafe { (stage, stage.add(32), stage.add(64) as *mut u32) };
+    // SAFETY: row < rows.
+    let (start, end) = unsafe { (at::<u64>(p.a_offsets, row), at::<u64>(p.a_offsets, row + 1)) };
+    let mut j0 = start;
+    while j0 < end {
+        let count = (end - j0).min(32) as u32;
+        // A row of B has at most as many entries as the row's bound (its
+        // columns are distinct and within the span of the row), at most
+        // WARP_BOUND here: the batch's products fit a u32.
+        let mut len = 0u32;
+        if lane < count {
+            let j = j0 + lane as u64;
+            // SAFETY: j < end; k a row of B; the lane's stage slots.
+            unsafe {
+                let k = at::<u32>(a_cols, j) as u64;
+                let bs = at::<u64>(b_offsets, k);
+                len = (at::<u64>(b_offsets, k + 1) - bs) as u32;
+                *st_bs.add(lane as usize) = bs;
+                *st_a.add(lane as usize) = if numeric { at::<u64>(a_vals, j) } else { 0 };
+            }
+        }
+        // SAFETY: every lane runs every batch (uniform bounds).
+        let (incl, total) = unsafe {
+            let incl = warp_inclusive_scan(len as u64) as u32;
+            (incl, shfl(FULL, incl, 31))
+        };
+        // SAFETY: the lane's slot; then every lane reads the stage.
+        unsafe {
+            *st_first.add(lane as usize) = incl - len;
+            sync_warp(FULL);
+        }
+        // Column and product of the batch's product `t < total`: from the
+        // last entry whose first product is at most `t` (the firsts
+        // increase with the entries).
+        let product = |t: u32| -> (u32, f64) {
+            let mut e = 0u32;
+            let mut step = 16u32;
+            while step > 0 {
+                // SAFETY: e + step < count <= 32: staged above.
+                if e + step < count && unsafe { *st_first.add((e + step) as usize) } <= t {
+                    e += step;
+                }
+                step /= 2;
+            }
+            // SAFETY: e < count: staged; idx lies in that entry's row of B.
+            unsafe {
+                let idx = *st_bs.add(e as usize) + (t - *st_first.add(e as usize)) as u64;
+                let v = if numeric {
+                    f64::from_bits(*st_a.add(e as usize)) * at::<f64>(b_vals, idx)
+                } else {
+                    0.0
+                };
+                (at::<u32>(b_cols, idx), v)
+            }
+        };
+        let mut t = lane;
+        while t < total {
+            let first = product(t);
+            let second = (t + 32 < total).then(|| product(t + 32));
+            f(first.0, first.1);
+            if let Some((col, v)) = second {
+                f(col, v);
+            }
+            t += 64;
+        }
+        // SAFETY: every lane; the stage is refilled next.
+        unsafe { sync_warp(FULL) };
+        j0 += count as u64;
+    }
+}
+
+/// Inserts `col` (adding `v` when `numeric`) into the open-addressing
+/// table of `mask + 1` entries in shared memory; true if `col` was not in
+/// it.
+///
+/// # Safety
+///
+/// `keys` and `vals` hold `mask + 1` entries (a power of two) of shared
+/// memory with room for every distinct column of the row; all accesses to
+/// them meanwhile are atomic.
+#[inline(always)]
+unsafe fn insert(numeric: bool, keys: *mut u32, vals: *mut f64, mask: u32, col: u32, v: f64) -> bool {
     let mut h = col.wrapping_mul(0x9E37_79B1) & mask;
     loop {
-        // SAFETY: h <= mask.
-        let slot = unsafe { AtomicU32::from_ptr(keys.add(h as usize)) };
-        let mut k = slot.load(Relaxed);
+        // SAFETY: h <= mask: an entry of the table.
+        let (slot, mut k) = unsafe {
+            let slot = keys.add(h as usize);
+            (slot, shared_load_u32(slot))
+        };
+        let mut new = false;
         if k == EMPTY {
-            match slot.compare_exchange(EMPTY, col, Relaxed, Relaxed) {
-                Ok(_) => {
-                    nnz.fetch_add(1, Relaxed);
-                    k = col;
-                }
-                Err(other) => k = other,
+            // SAFETY: as above.
+            k = unsafe { shared_cas_u32(slot, EMPTY, col) };
+            if k == EMPTY {
+                new = true;
+                k = col;
             }
         }
         if k == col {
             if numeric {
                 // SAFETY: h <= mask; values are only added to atomically.
-                unsafe { atomic_add_f64(vals.add(h as usize), v) };
+                unsafe { shared_add_f64(vals.add(h as usize), v) };
             }
-            return;
+            return new;
         }
         h = (h + 1) & mask;
     }
@@ -747,8 +850,8 @@ unsafe fn sort(g: Group, keys: *mut u32, vals: *mut f64, m: u32) {
 /// See the module documentation; launched with `HASH_BLOCK` threads and
 /// `HASH_SHARED` bytes of dynamic shared memory.
 #[inline(always)]
-unsafe fn hash_rows<O: Output>(p: &Problem, bin: u32, out: &mut O) {
-    let warp = bin == BIN_WARP;
+unsafe fn hash_rows<O: Output, const WARP: bool>(p: &Problem, out: &mut O) {
+    let (warp, bin) = (WARP, if WARP { BIN_WARP } else { BIN_BLOCK });
     let size = if warp { 32 } else { block_threads() };
     let g = Group {
         size,
@@ -801,46 +904,58 @@ unsafe fn hash_rows<O: Output>(p: &Problem, bin: u32, out: &mut O) {
         }
         // SAFETY: every thread of the group runs the loop's body.
         unsafe { g.sync() };
-        // SAFETY: the header is shared memory of this group.
-        let nnz = unsafe { AtomicU32::from_ptr(&raw mut (*header).nnz) };
-        // SAFETY: the table has 2 x bound >= 2 x distinct columns entries.
-        unsafe {
-            for_products(p, row, g, O::NUMERIC, Some(stage), |col, v| {
-                insert(O::NUMERIC, keys, vals, cap - 1, nnz, col, v)
-            })
-        };
-        // SAFETY: as above.
-        unsafe { g.sync() };
-        let n = nnz.load(Relaxed);
-        if O::NUMERIC {
-            // Compact into the sort buffer (cap / 2 >= bound >= n), pad
-            // to a power of two, sort.
-            // SAFETY: as for the header.
-            let cursor = unsafe { AtomicU32::from_ptr(&raw mut (*header).cursor) };
-            let m = n.next_power_of_two();
-            let mut s = g.rank;
-            while s < cap {
-                // SAFETY: s < cap; the sort buffer holds cap / 2 >= n.
-                unsafe {
-                    let k = *keys.add(s as usize);
-                    if k != EMPTY {
-                        let at = cursor.fetch_add(1, Relaxed) as usize;
-                        *sort_keys.add(at) = k;
-                        *sort_vals.add(at) = *vals.add(s as usize);
+        // SAFETY: the table has 2 x bound >= 2 x distinct columns entries;
+        // every thread of the group runs this.
+        let n = unsafe {
+            if warp {
+                // Each lane counts the columns it added; the warp sums.
+                let mut added = 0u64;
+                warp_products(p, row, O::NUMERIC, stage, |col, v| {
+                    added += insert(O::NUMERIC, keys, vals, cap - 1, col, v) as u64
+                });
+                sync_warp(FULL);
+                warp_sum_u64(added) as u32
+            } else {
+                let nnz = AtomicU32::from_ptr(&raw mut (*header).nnz);
+                for_products(p, row, g, O::NUMERIC, Some(stage), |col, v| {
+                    if insert(O::NUMERIC, keys, vals, cap - 1, col, v) {
+                        nnz.fetch_add(1, Relaxed);
                     }
-                }
-                s += size;
-            }
-            let mut s = n + g.rank;
-            while s < m {
-                // SAFETY: m <= cap / 2 (n <= bound, cap >= 2 x bound).
-                unsafe { *sort_keys.add(s as usize) = EMPTY };
-                s += size;
-            }
-            // SAFETY: as above.
-            unsafe {
+                });
                 g.sync();
-                sort(g, sort_keys, sort_vals, m);
+                nnz.load(Relaxed)
+            }
+        };
+        if O::NUMERIC {
+            // Compact into the sort buffer (cap / 2 >= bound >= n).
+            // SAFETY: every thread of the group runs this.
+            unsafe {
+                if warp {
+                    warp_compact(keys, vals, cap, sort_keys, sort_vals);
+                } else {
+                    // Pad to a power of two and sort.
+                    let cursor = AtomicU32::from_ptr(&raw mut (*header).cursor);
+                    let m = n.next_power_of_two();
+                    let mut s = g.rank;
+                    while s < cap {
+                        // s < cap; the sort buffer holds cap / 2 >= n.
+                        let k = *keys.add(s as usize);
+                        if k != EMPTY {
+                            let at = cursor.fetch_add(1, Relaxed) as usize;
+                            *sort_keys.add(at) = k;
+                            *sort_vals.add(at) = *vals.add(s as usize);
+                        }
+                        s += size;
+                    }
+                    let mut s = n + g.rank;
+                    while s < m {
+                        // m <= cap / 2 (n <= bound, cap >= 2 x bound).
+                        *sort_keys.add(s as usize) = EMPTY;
+                        s += size;
+                    }
+                    g.sync();
+                    sort(g, sort_keys, sort_vals, m);
+                }
             }
         }
         if g.rank == 0 {
@@ -858,19 +973,123 @@ unsafe fn hash_rows<O: Output>(p: &Problem, bin: u32, out: &mut O) {
             ((*header).vals as *mut f64, (*header).cols as *mut u32)
         };
         if !ov.is_null() {
-            let mut q = g.rank;
-            while q < n {
-                // SAFETY: q < n: the sorted entries, and the row's output.
-                unsafe {
-                    *ov.add(q as usize) = *sort_vals.add(q as usize);
-                    *oc.add(q as usize) = *sort_keys.add(q as usize);
+            // SAFETY: the sort buffer holds the row's n entries; the
+            // output has room for n; every thread of the group runs this.
+            unsafe {
+                if warp {
+                    warp_write_sorted(sort_keys, sort_vals, n, ov, oc);
+                } else {
+                    let mut q = g.rank;
+                    while q < n {
+                        *ov.add(q as usize) = *sort_vals.add(q as usize);
+                        *oc.add(q as usize) = *sort_keys.add(q as usize);
+                        q += size;
+                    }
                 }
-                q += size;
             }
         }
         // SAFETY: as above: the next row reuses the table.
         unsafe { g.sync() };
         i += stride;
+    }
+}
+
+/// Copies the entries of a warp's table (`cap` of them) that are not
+/// `EMPTY` to the front of the sort buffer, in table order (a
+/// ballot per 32 entries, no atomics), and pads them with `EMPTY` to a
+/// multiple of 4.
+///
+/// # Safety
+///
+/// All 32 lanes of the warp call it; the table's entries, and the sort
+/// buffer's for every entry of the table that is not `EMPTY` plus 3, are
+/// shared memory that only this warp uses.
+#[inline(always)]
+unsafe fn warp_compact(
+    keys: *const u32,
+    vals: *const f64,
+    cap: u32,
+    sort_keys: *mut u32,
+    sort_vals: *mut f64,
+) {
+    let lane = laneid();
+    let below = (1u32 << lane) - 1;
+    let mut n = 0u32;
+    let mut s0 = 0u32;
+    while s0 < cap {
+        let s = s0 + lane;
+        // SAFETY: s < cap; the sort buffer has room for the entries.
+        unsafe {
+            let k = if s < cap { *keys.add(s as usize) } else { EMPTY };
+            let found = ballot(FULL, k != EMPTY);
+            if k != EMPTY {
+                let at = (n + (found & below).count_ones()) as usize;
+                *sort_keys.add(at) = k;
+                *sort_vals.add(at) = *vals.add(s as usize);
+            }
+            n += found.count_ones();
+        }
+        s0 += 32;
+    }
+    if lane < n.next_multiple_of(4) - n {
+        // SAFETY: the padding is within the buffer (the contract).
+        unsafe { *sort_keys.add((n + lane) as usize) = EMPTY };
+    }
+    // SAFETY: every lane.
+    unsafe { sync_warp(FULL) };
+}
+
+/// Four columns of the sort buffer, read with one vector load.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Keys4([u32; 4]);
+
+/// Writes a warp's `n` compacted entries to the row's output in column
+/// order: an entry's place is the number of smaller columns (they are
+/// distinct), so no sort is needed. Each lane ranks two entries per pass
+/// over the buffer, whose reads every lane shares.
+///
+/// # Safety
+///
+/// All 32 lanes of the warp call it; `sort_keys` (16-byte aligned) and
+/// `sort_vals` hold the `n` entries of [`warp_compact`] and its padding;
+/// `ov` and `oc` have room for `n` values and columns.
+#[inline(always)]
+unsafe fn warp_write_sorted(
+    sort_keys: *const u32,
+    sort_vals: *const f64,
+    n: u32,
+    ov: *mut f64,
+    oc: *mut u32,
+) {
+    let lane = laneid();
+    let mut q0 = 0u32;
+    while q0 < n {
+        let (q1, q2) = (q0 + lane, q0 + 32 + lane);
+        // SAFETY: entries below n; EMPTY (no column) beyond.
+        let key = |q: u32| if q < n { unsafe { *sort_keys.add(q as usize) } } else { EMPTY };
+        let (k1, k2) = (key(q1), key(q2));
+        let (mut r1, mut r2) = (0u32, 0u32);
+        let mut j = 0u32;
+        while j < n {
+            // SAFETY: j < n rounded up to 4, the padded buffer; aligned.
+            let Keys4([a, b, c, d]) = unsafe { *(sort_keys.add(j as usize) as *const Keys4) };
+            r1 += (a < k1) as u32 + (b < k1) as u32 + (c < k1) as u32 + (d < k1) as u32;
+            r2 += (a < k2) as u32 + (b < k2) as u32 + (c < k2) as u32 + (d < k2) as u32;
+            j += 4;
+        }
+        // SAFETY: ranks are below n: the row's output.
+        unsafe {
+            if q1 < n {
+                *ov.add(r1 as usize) = *sort_vals.add(q1 as usize);
+                *oc.add(r1 as usize) = k1;
+            }
+            if q2 < n {
+                *ov.add(r2 as usize) = *sort_vals.add(q2 as usize);
+                *oc.add(r2 as usize) = k2;
+            }
+        }
+        q0 += 64;
     }
 }
 
@@ -1182,10 +1401,17 @@ macro_rules! method_kernels {
         }
 
         $(#[$doc])*
-        /// Rows of the hash bin `bin` (a warp or a block per row).
+        /// Rows of the hash bin `bin`: `BIN_WARP` (a warp per row) or
+        /// `BIN_BLOCK` (a block per row; any other value means it).
         pub unsafe fn $hash(problem: *const Problem, bin: u32 $(, $arg: $ty)*) {
             // SAFETY: the launch's contract, forwarded.
-            unsafe { hash_rows(&*problem, bin, &mut $out) }
+            unsafe {
+                if bin == BIN_WARP {
+                    hash_rows::<_, true>(&*problem, &mut $out)
+                } else {
+                    hash_rows::<_, false>(&*problem, &mut $out)
+                }
+            }
         }
 
         $(#[$doc])*

@@ -149,6 +149,12 @@ impl Drop for RowsGuard<'_> {
 /// blocks of the dense bin when C has very many columns.
 const DENSE_BUDGET: u64 = 1 << 30;
 
+/// Blocks of the warp bin's kernels per SM: as many as are resident at
+/// once on an H100 (shared memory: 4 x 43 KiB; registers: 4 x 256 x 64).
+/// One wave of blocks that loop over the rows: each warp's last chunk is
+/// left part-used once, not once per block.
+const RESIDENT_BLOCKS: u32 = 4;
+
 /// What the products run with: the GPU, its kernels, the cuheap heap for
 /// [`Method::Cuheap`], and the size CUDA's device heap was given (counted as
 /// the memory of [`Method::CudaMalloc`]).
@@ -304,7 +310,7 @@ impl Runner<'_> {
                 )
                 .with_shared_bytes(THREAD_SHARED),
                 BIN_WARP => LaunchConfig::shape(
-                    (n.div_ceil(HASH_BLOCK / 32).min(sms * 12), 1, 1),
+                    (n.div_ceil(HASH_BLOCK / 32).min(sms * RESIDENT_BLOCKS), 1, 1),
                     (HASH_BLOCK, 1, 1),
                 )
                 .with_shared_bytes(HASH_SHARED),
