@@ -227,6 +227,25 @@ mod tests {
         assert!(heap.stats().is_empty());
     }
 
+    /// A class page of 10 units is aligned to 2 pages, not to 16: the
+    /// next power of two left 6 free pages after each such page.
+    #[test]
+    fn a_class_page_is_aligned_to_the_power_of_two_in_its_size() {
+        use crate::size_class::{class_of, page_units};
+        assert_eq!(page_units(class_of(2560).unwrap()), 10);
+        let owned = OwnedHeap::<u32>::new(64, 1).unwrap();
+        let heap = owned.heap();
+        let first = heap.alloc(2 * PAGE_SIZE, 0).unwrap();
+        let block = heap.alloc(2560, 0).unwrap();
+        let at = (block as usize - first as usize) / PAGE_SIZE;
+        assert_eq!(at, 2, "right after the first span");
+        for p in [block, first] {
+            heap.free(p, 0).unwrap();
+        }
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
+    }
+
     /// Spans grow into the pages after them and shrink by giving pages
     /// back; a class block grows into a span and back.
     #[test]

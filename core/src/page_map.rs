@@ -238,11 +238,10 @@ impl<'a> PageMap<'a> {
     }
 
     /// [`PageMap::claim_run`] for a run that starts at a multiple of
-    /// `align` (a power of two, at most 32). Class pages of `n` units are
-    /// claimed aligned to `n.next_power_of_two()`, so each lies inside one
-    /// aligned block of that size and a small heap packs them like a
-    /// buddy allocator: pages at arbitrary offsets could leave free units
-    /// in pieces too short for the largest pages.
+    /// `align` (a power of two, at most 32). Class pages of 2, 4, 8 or 16
+    /// units are claimed aligned to their size, so a small heap packs them
+    /// like a buddy allocator: pages at arbitrary offsets could leave free
+    /// units in pieces too short for the largest pages.
     pub fn claim_run_aligned(&self, len: u32, align: u32, limit: u32, hint: u32) -> Option<u32> {
         self.claim_run_within(len, align, 0, limit, hint)
     }

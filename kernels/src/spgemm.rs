@@ -909,12 +909,12 @@ unsafe fn hash_rows<O: Output, const WARP: bool>(p: &Problem, out: &mut O) {
         let n = unsafe {
             if warp {
                 // Each lane counts the columns it added; the warp sums.
-                let mut added = 0u64;
+                let mut added = 0u32;
                 warp_products(p, row, O::NUMERIC, stage, |col, v| {
-                    added += insert(O::NUMERIC, keys, vals, cap - 1, col, v) as u64
+                    added += insert(O::NUMERIC, keys, vals, cap - 1, col, v) as u32
                 });
                 sync_warp(FULL);
-                warp_sum_u64(added) as u32
+                warp_sum_u64(added as u64) as u32
             } else {
                 let nnz = AtomicU32::from_ptr(&raw mut (*header).nnz);
                 for_products(p, row, g, O::NUMERIC, Some(stage), |col, v| {

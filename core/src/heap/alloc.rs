@@ -361,7 +361,15 @@ impl<W: Word> Heap<'_, W> {
     #[inline(never)]
     fn claim_units(&self, units: u32, hint: u32, floor: u32, limit: u32) -> Option<u32> {
         let map = self.map();
-        let align = units.next_power_of_two();
+        // Aligned to the largest power of two that divides the page's
+        // units: pages of 2, 4, 8 and 16 units tile aligned blocks of their
+        // size, as in a buddy allocator, so an emptied heap has room for
+        // its largest pages again; others (3, 5, 6, 7, 10, 12, 14 units)
+        // leave less than their alignment between them. Aligned to the
+        // next power of two, those left up to 6 free pages after each,
+        // which split the runs that spans need and the full words that
+        // searches skip over.
+        let align = 1 << units.trailing_zeros();
         let hint = match self.placement() & Placement::CLASS_PAGES_LOW {
             0 => hint,
             _ => floor,
