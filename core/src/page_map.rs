@@ -241,7 +241,10 @@ impl<'a> PageMap<'a> {
     /// `align` (a power of two, at most 32). Class pages of 2, 4, 8 or 16
     /// units are claimed aligned to their size, so a small heap packs them
     /// like a buddy allocator: pages at arbitrary offsets could leave free
-    /// units in pieces too short for the largest pages.
+    /// units in pieces too short for the largest pages. Pages of other
+    /// sizes are aligned to the power of two in their units (3, 5 and 7
+    /// units to none): padding them to the next power of two split the
+    /// runs that spans need.
     pub fn claim_run_aligned(&self, len: u32, align: u32, limit: u32, hint: u32) -> Option<u32> {
         self.claim_run_within(len, align, 0, limit, hint)
     }

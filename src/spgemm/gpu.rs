@@ -150,7 +150,7 @@ impl Drop for RowsGuard<'_> {
 const DENSE_BUDGET: u64 = 1 << 30;
 
 /// Blocks of the warp bin's kernels per SM: as many as are resident at
-/// once on an H100 (shared memory: 4 x 43 KiB; registers: 4 x 256 x 64).
+/// once on an H100 (shared memory: 4 x 42.25 KiB; registers: 4 x 256 x 64).
 /// One wave of blocks that loop over the rows: each warp's last chunk is
 /// left part-used once, not once per block.
 const RESIDENT_BLOCKS: u32 = 4;
