@@ -775,7 +775,14 @@ unsafe fn warp_products(
 /// memory with room for every distinct column of the row; all accesses to
 /// them meanwhile are atomic.
 #[inline(always)]
-unsafe fn insert(numeric: bool, keys: *mut u32, vals: *mut f64, mask: u32, col: u32, v: f64) -> bool {
+unsafe fn insert(
+    numeric: bool,
+    keys: *mut u32,
+    vals: *mut f64,
+    mask: u32,
+    col: u32,
+    v: f64,
+) -> bool {
     let mut h = col.wrapping_mul(0x9E37_79B1) & mask;
     loop {
         // SAFETY: h <= mask: an entry of the table.
@@ -1020,7 +1027,11 @@ unsafe fn warp_compact(
         let s = s0 + lane;
         // SAFETY: s < cap; the sort buffer has room for the entries.
         unsafe {
-            let k = if s < cap { *keys.add(s as usize) } else { EMPTY };
+            let k = if s < cap {
+                *keys.add(s as usize)
+            } else {
+                EMPTY
+            };
             let found = ballot(FULL, k != EMPTY);
             if k != EMPTY {
                 let at = (n + (found & below).count_ones()) as usize;
@@ -1066,8 +1077,15 @@ unsafe fn warp_write_sorted(
     let mut q0 = 0u32;
     while q0 < n {
         let (q1, q2) = (q0 + lane, q0 + 32 + lane);
-        // SAFETY: entries below n; EMPTY (no column) beyond.
-        let key = |q: u32| if q < n { unsafe { *sort_keys.add(q as usize) } } else { EMPTY };
+        // Entries below n; EMPTY (no column) beyond.
+        let key = |q: u32| {
+            if q < n {
+                // SAFETY: q < n: an entry of the sort buffer.
+                unsafe { *sort_keys.add(q as usize) }
+            } else {
+                EMPTY
+            }
+        };
         let (k1, k2) = (key(q1), key(q2));
         let (mut r1, mut r2) = (0u32, 0u32);
         let mut j = 0u32;
