@@ -293,6 +293,27 @@ signatures! {
     /// The contract of `kernels/src/spgemm.rs`; `heap` stays live until the kernel ends; the bin's launch shape.
     fn spgemm::spgemm_cuheap_dense(problem: *const Problem, heap: HeapHandle, chunk: u32);
 
+    /// SpGEMM, `cuheap` with a block per row (allocated inside the row loop) over the rows of the thread bin.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; `heap` stays live until the kernel ends; the bin's launch shape.
+    fn spgemm::spgemm_cuheap_row_thread(problem: *const Problem, heap: HeapHandle);
+
+    /// SpGEMM, `cuheap` with a block per row (allocated inside the row loop) over the rows of the hash bin `bin`.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; `heap` stays live until the kernel ends; the bin's launch shape.
+    fn spgemm::spgemm_cuheap_row_hash(problem: *const Problem, bin: u32, heap: HeapHandle);
+
+    /// SpGEMM, `cuheap` with a block per row (allocated inside the row loop) over the rows of the dense bin.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `kernels/src/spgemm.rs`; `heap` stays live until the kernel ends; the bin's launch shape.
+    fn spgemm::spgemm_cuheap_row_dense(problem: *const Problem, heap: HeapHandle);
+
     /// SpGEMM, `malloc` over the rows of the thread bin.
     ///
     /// # Safety

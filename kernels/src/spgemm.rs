@@ -228,7 +228,23 @@ enum Place {
     To(*mut f64, *mut u32),
     /// The output could not be allocated: the row is counted as failed.
     Failed,
+    /// No room for the row until [`Output::refill`] has run: the row loop
+    /// returns to its kernel, which refills, and resumes at this row.
+    Short,
 }
+
+/// A row whose output had no room: the `i`-th of its bin for this group,
+/// computed, with `n` nonzeros (in the group's shared memory, or the dense
+/// accumulator).
+#[derive(Clone, Copy)]
+struct Short {
+    i: u64,
+    n: u32,
+}
+
+/// Header code of `Place::Short` where the leader hands a row's place to
+/// its group (no output address is 1).
+const SHORT: u64 = 1;
 
 /// Records that `row` has no output because memory for it could not be
 /// allocated: no nonzeros, no block, and one more failed row.
@@ -284,6 +300,31 @@ trait Output {
     ///
     /// `s` came from `scratch` of the same method in this kernel.
     unsafe fn release(&mut self, s: *mut u8);
+    /// Whether `place` may answer `Place::Short`.
+    const REFILLS: bool = false;
+    /// Makes room for a row of `n` nonzeros after `place` answered
+    /// `Place::Short`; called by the group's leader between the row
+    /// loop's return and its resumption, where nothing of the row loop is
+    /// live: the allocator is a call, and a call inside the row loop makes
+    /// the assembler keep the loop's values in local memory.
+    ///
+    /// # Safety
+    ///
+    /// As for `place`.
+    unsafe fn refill(&mut self, _n: u32) {}
+    /// `refill` for the 32 lanes of a warp at once after `place_lanes`
+    /// answered `Place::Short`, each for its own row of `n` nonzeros (0:
+    /// none).
+    ///
+    /// # Safety
+    ///
+    /// As for `refill`; all 32 lanes call it together.
+    unsafe fn refill_lanes(&mut self, n: u32) {
+        if n > 0 {
+            // SAFETY: forwarded.
+            unsafe { self.refill(n) }
+        }
+    }
 }
 
 /// The symbolic pass: records each row's nonzeros.
@@ -421,29 +462,43 @@ impl Alloc for OnMalloc {
 
 /// One pass: each row's output in a block of its own (`chunk == 0`), or
 /// carved from a chunk of `chunk` bytes the group allocated for this and
-/// later rows.
-struct Blocks<A: Alloc> {
+/// later rows. `APART`: the allocator is called between runs of the row
+/// loop (`Place::Short`, then `refill`), not inside it, which keeps the
+/// loop's values in registers: on an H100 80 GB, 8 KiB chunks took
+/// 6.42-6.55 ms against 7.12-7.13 on uniform rows. With a block per row
+/// every row allocates, and leaving and re-entering the loop for each
+/// cost more than it saved (15.4 against 12.6-12.8 ms), so the per-row
+/// kernels allocate inside the loop (`docs/ab-spgemm-apart-h100.txt`).
+struct Blocks<A: Alloc, const APART: bool> {
     alloc: A,
     chunk: u64,
+    /// The free rest of the group's last block, `left` bytes.
     cursor: *mut u8,
     left: u64,
+    /// No row has been carved from the block at `cursor` yet: the next
+    /// row's output owns (frees) it.
+    fresh: bool,
+    /// The last refill failed: the next row that does not fit fails.
+    failed: bool,
 }
 
-impl<A: Alloc> Blocks<A> {
+impl<A: Alloc, const APART: bool> Blocks<A, APART> {
     fn new(alloc: A, chunk: u32) -> Self {
         Blocks {
             alloc,
             chunk: chunk as u64,
             cursor: core::ptr::null_mut(),
             left: 0,
+            fresh: false,
+            failed: false,
         }
     }
 }
 
-impl<A: Alloc> Output for Blocks<A> {
+impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
     const NUMERIC: bool = true;
-    // Inline: most rows of a chunk only move the cursor. The allocator is
-    // called out of line, so its registers stay out of the row loop.
+    const REFILLS: bool = APART;
+    // Inline: most rows of a chunk only move the cursor.
     #[inline(always)]
     unsafe fn place(&mut self, p: &Problem, row: u64, n: u32) -> Place {
         if n == 0 {
@@ -451,74 +506,95 @@ impl<A: Alloc> Output for Blocks<A> {
             return unsafe { record(p, row, 0, core::ptr::null_mut(), 0) };
         }
         let need = need_of(n);
-        let (block, owner) = if self.chunk == 0 {
-            // SAFETY: the allocator is live for the kernel.
-            (unsafe { self.alloc.alloc(need) }, 1)
-        } else {
-            let mut owner = 0;
-            if need > self.left {
-                let bytes = need.max(self.chunk);
-                // SAFETY: as above.
-                self.cursor = unsafe { self.alloc.alloc(bytes) };
-                self.left = if self.cursor.is_null() { 0 } else { bytes };
-                owner = 1;
+        if need > self.left {
+            if !APART {
+                // SAFETY: forwarded.
+                unsafe { self.refill(n) };
+            } else if !self.failed {
+                return Place::Short;
             }
-            let block = self.cursor;
-            if !block.is_null() {
-                // SAFETY: need <= left: inside the chunk.
-                self.cursor = unsafe { self.cursor.add(need as usize) };
-                self.left -= need;
+            if core::mem::take(&mut self.failed) {
+                // SAFETY: row < rows.
+                return unsafe { record(p, row, n, core::ptr::null_mut(), 0) };
             }
-            (block, owner)
-        };
-        // SAFETY: row < rows.
+        }
+        let block = self.cursor;
+        let owner = core::mem::take(&mut self.fresh) as u64;
+        // SAFETY: need <= left: inside the block.
+        self.cursor = unsafe { self.cursor.add(need as usize) };
+        self.left -= need;
+        // SAFETY: row < rows; the block holds need bytes.
         unsafe { record(p, row, n, block, owner) }
     }
-    // Out of line: the allocation's registers stay out of the row loop.
-    #[inline(never)]
+    unsafe fn refill(&mut self, n: u32) {
+        // A block of its own (chunk 0), or a new chunk: the rest of the
+        // last one is left unused.
+        let bytes = need_of(n).max(self.chunk);
+        // SAFETY: the allocator is live for the kernel.
+        self.cursor = unsafe { self.alloc.alloc(bytes) };
+        self.failed = self.cursor.is_null();
+        self.fresh = !self.failed;
+        self.left = if self.failed { 0 } else { bytes };
+    }
+    // Short for every lane if any lane is: no lane places its row twice.
+    #[inline(always)]
     unsafe fn place_lanes(&mut self, p: &Problem, row: Option<u64>, n: u32) -> Place {
-        let need = if row.is_some() { need_of(n) } else { 0 };
-        if self.chunk == 0 {
-            let Some(row) = row else {
-                return Place::Nothing;
-            };
-            let block = if n == 0 {
+        let short = row.is_some() && n > 0 && need_of(n) > self.left && !self.failed;
+        // SAFETY: all 32 lanes call this (the caller's contract).
+        if unsafe { ballot(FULL, short) } != 0 {
+            if APART {
+                return Place::Short;
+            }
+            // SAFETY: as above.
+            unsafe { self.refill_lanes(if row.is_some() { n } else { 0 }) };
+        }
+        match row {
+            // SAFETY: forwarded.
+            Some(row) => unsafe { self.place(p, row, n) },
+            None => Place::Nothing,
+        }
+    }
+    unsafe fn refill_lanes(&mut self, n: u32) {
+        let need = if n > 0 { need_of(n) } else { 0 };
+        let (block, fresh) = if self.chunk == 0 {
+            let block = if need == 0 {
                 core::ptr::null_mut()
             } else {
                 // SAFETY: the allocator is live; lanes allocate together.
                 unsafe { self.alloc.alloc_lanes(need) }
             };
-            // SAFETY: row < rows.
-            return unsafe { record(p, row, n, block, 1) };
-        }
-        // One block for the warp's rows: each lane's part at the prefix
-        // sum of the needs before it; the first lane with a row owns it.
-        // (Carving the rounds from chunks of 8 KiB held for later rounds
-        // took as long on an H100 and left a quarter of each chunk unused:
-        // a round needs about 5 KiB on a 2D stencil.)
-        let lane = laneid();
-        // SAFETY: all 32 lanes call this (the caller's contract).
-        let incl = unsafe { warp_inclusive_scan(need) };
-        // SAFETY: as above.
-        let total = unsafe { shfl_u64(FULL, incl, 31) };
-        let mut base = 0u64;
-        if lane == 31 && total > 0 {
-            // SAFETY: the allocator is live.
-            base = unsafe { self.alloc.alloc(total) } as u64;
-        }
-        // SAFETY: as above.
-        let base = unsafe { shfl_u64(FULL, base, 31) };
-        let Some(row) = row else {
-            return Place::Nothing;
-        };
-        let excl = incl - need;
-        let block = if n == 0 || base == 0 {
-            core::ptr::null_mut()
+            (block, true)
         } else {
-            (base + excl) as *mut u8
+            // One block for the warp's rows: each lane's part at the prefix
+            // sum of the needs before it; the first lane with a row owns
+            // it. (Carving the rounds from chunks of 8 KiB held for later
+            // rounds took as long on an H100 and left a quarter of each
+            // chunk unused: a round needs about 5 KiB on a 2D stencil.)
+            // SAFETY: all 32 lanes call this (the caller's contract).
+            let incl = unsafe { warp_inclusive_scan(need) };
+            // SAFETY: as above.
+            let total = unsafe { shfl_u64(FULL, incl, 31) };
+            let mut base = 0u64;
+            if laneid() == 31 && total > 0 {
+                // SAFETY: the allocator is live.
+                base = unsafe { self.alloc.alloc(total) } as u64;
+            }
+            // SAFETY: as above.
+            let base = unsafe { shfl_u64(FULL, base, 31) };
+            let excl = incl - need;
+            let block = if base == 0 {
+                core::ptr::null_mut()
+            } else {
+                (base + excl) as *mut u8
+            };
+            (block, excl == 0)
         };
-        // SAFETY: row < rows.
-        unsafe { record(p, row, n, block, (excl == 0) as u64) }
+        if need > 0 {
+            self.cursor = block;
+            self.failed = block.is_null();
+            self.fresh = fresh && !self.failed;
+            self.left = if self.failed { 0 } else { need };
+        }
     }
     unsafe fn scratch(&mut self, _p: &Problem, bytes: u64) -> *mut u8 {
         // SAFETY: the allocator is live.
@@ -557,6 +633,58 @@ impl Group {
                 sync_warp(FULL)
             } else {
                 sync_block()
+            }
+        }
+    }
+}
+
+/// A hash group's part of shared memory.
+#[derive(Clone, Copy)]
+struct Table {
+    header: *mut Header,
+    /// The hash table: `table_max` values, then (after the sort buffer's
+    /// values) as many keys.
+    vals: *mut f64,
+    keys: *mut u32,
+    /// The sort buffer: half as many entries.
+    sort_vals: *mut f64,
+    sort_keys: *mut u32,
+    /// The stage of `for_products` and `warp_products`.
+    stage: *mut u64,
+}
+
+impl Table {
+    /// Group `index` of a hash kernel's block, of `size` threads.
+    ///
+    /// # Safety
+    ///
+    /// The kernel was launched with `HASH_SHARED` bytes of dynamic shared
+    /// memory.
+    #[inline(always)]
+    unsafe fn of<const WARP: bool>(index: u32, size: u32) -> Table {
+        let table_max = if WARP { WARP_TABLE } else { BLOCK_TABLE };
+        let smem = dynamic_shared();
+        // SAFETY: HASH_SHARED bytes: a header per warp, then per group a
+        // table of `table_max` entries and a sort buffer of half that, then
+        // the stages.
+        unsafe {
+            let header = smem.add((index * GROUP_HEADER) as usize) as *mut Header;
+            let slice = smem.add(
+                ((HASH_BLOCK / 32) * GROUP_HEADER + index * table_max * 3 / 2 * ENTRY_BYTES)
+                    as usize,
+            );
+            let vals = slice as *mut f64;
+            let sort_vals = vals.add(table_max as usize);
+            let keys = sort_vals.add(table_max as usize / 2) as *mut u32;
+            let sort_keys = keys.add(table_max as usize);
+            let stage = smem.add((HASH_TABLES + index * size * STAGE_BYTES) as usize) as *mut u64;
+            Table {
+                header,
+                vals,
+                keys,
+                sort_vals,
+                sort_keys,
+                stage,
             }
         }
     }
@@ -850,126 +978,55 @@ unsafe fn sort(g: Group, keys: *mut u32, vals: *mut f64, m: u32) {
 }
 
 /// The hash bins: a group (warp or block) per row of `bin`, grid-stride
-/// over the bin's rows.
+/// over the bin's rows, from the start (`from` None) or from the row that
+/// stopped short; returns the row that stops short, if one does (see
+/// [`resume`]).
 ///
 /// # Safety
 ///
 /// See the module documentation; launched with `HASH_BLOCK` threads and
 /// `HASH_SHARED` bytes of dynamic shared memory.
 #[inline(always)]
-unsafe fn hash_rows<O: Output, const WARP: bool>(p: &Problem, out: &mut O) {
-    let (warp, bin) = (WARP, if WARP { BIN_WARP } else { BIN_BLOCK });
-    let size = if warp { 32 } else { block_threads() };
+unsafe fn hash_rows<O: Output, const WARP: bool>(
+    p: &Problem,
+    out: &mut O,
+    from: Option<Short>,
+) -> Option<Short> {
+    let bin = if WARP { BIN_WARP } else { BIN_BLOCK };
+    let size = if WARP { 32 } else { block_threads() };
     let g = Group {
         size,
         rank: thread_in_block() % size,
-        warp,
+        warp: WARP,
     };
     let index = thread_in_block() / size;
     let groups = block_threads() / size;
-    let table_max = if warp { WARP_TABLE } else { BLOCK_TABLE };
-    let smem = dynamic_shared();
-    // SAFETY: HASH_SHARED bytes: a header per warp, then per group a
-    // table of `table_max` entries and a sort buffer of half that.
-    let (header, vals, sort_vals, keys, sort_keys, stage) = unsafe {
-        let header = smem.add((index * GROUP_HEADER) as usize) as *mut Header;
-        let slice = smem.add(
-            ((HASH_BLOCK / 32) * GROUP_HEADER + index * table_max * 3 / 2 * ENTRY_BYTES) as usize,
-        );
-        let vals = slice as *mut f64;
-        let sort_vals = vals.add(table_max as usize);
-        let keys = sort_vals.add(table_max as usize / 2) as *mut u32;
-        let sort_keys = keys.add(table_max as usize);
-        let stage = smem.add((HASH_TABLES + index * size * STAGE_BYTES) as usize) as *mut u64;
-        (header, vals, sort_vals, keys, sort_keys, stage)
-    };
+    // SAFETY: launched with HASH_SHARED bytes.
+    let t = unsafe { Table::of::<WARP>(index, size) };
+    let (header, sort_vals, sort_keys) = (t.header, t.sort_vals, t.sort_keys);
     // SAFETY: analyse and place ran.
     let (count, base) = unsafe { (at::<u32>(p.bins, bin as u64) as u64, bin_base(p, bin)) };
-    let mut i = (block_index() * groups + index) as u64;
     let stride = (grid_blocks() * groups) as u64;
+    let mut i = match from {
+        Some(s) => s.i,
+        None => (block_index() * groups + index) as u64,
+    };
+    let mut resumed = from;
     while i < count {
         // SAFETY: i < the bin's count.
         let row = unsafe { at::<u32>(p.bin_rows, base + i) } as u64;
-        // SAFETY: row < rows.
-        let bound = unsafe { at::<u32>(p.row_bound, row) };
-        let cap = (2 * bound).next_power_of_two().min(table_max);
-        let mut s = g.rank;
-        while s < cap {
-            // SAFETY: s < cap <= table_max.
-            unsafe {
-                *keys.add(s as usize) = EMPTY;
-                *vals.add(s as usize) = 0.0;
-            }
-            s += size;
-        }
-        if g.rank == 0 {
-            // SAFETY: the group's header; the others wait at the barrier.
-            unsafe {
-                (*header).nnz = 0;
-                (*header).cursor = 0;
-            }
-        }
-        // SAFETY: every thread of the group runs the loop's body.
-        unsafe { g.sync() };
-        // SAFETY: the table has 2 x bound >= 2 x distinct columns entries;
-        // every thread of the group runs this.
-        let n = unsafe {
-            if warp {
-                // Each lane counts the columns it added; the warp sums.
-                let mut added = 0u32;
-                warp_products(p, row, O::NUMERIC, stage, |col, v| {
-                    added += insert(O::NUMERIC, keys, vals, cap - 1, col, v) as u32
-                });
-                sync_warp(FULL);
-                warp_sum_u64(added as u64) as u32
-            } else {
-                let nnz = AtomicU32::from_ptr(&raw mut (*header).nnz);
-                for_products(p, row, g, O::NUMERIC, Some(stage), |col, v| {
-                    if insert(O::NUMERIC, keys, vals, cap - 1, col, v) {
-                        nnz.fetch_add(1, Relaxed);
-                    }
-                });
-                g.sync();
-                nnz.load(Relaxed)
-            }
+        let n = match resumed.take() {
+            // Computed before the loop stopped short: still in the sort buffer.
+            Some(s) => s.n,
+            // SAFETY: every thread of the group runs it; row < rows.
+            None => unsafe { hash_row::<O, WARP>(p, row, g, &t) },
         };
-        if O::NUMERIC {
-            // Compact into the sort buffer (cap / 2 >= bound >= n).
-            // SAFETY: every thread of the group runs this.
-            unsafe {
-                if warp {
-                    warp_compact(keys, vals, cap, sort_keys, sort_vals);
-                } else {
-                    // Pad to a power of two and sort.
-                    let cursor = AtomicU32::from_ptr(&raw mut (*header).cursor);
-                    let m = n.next_power_of_two();
-                    let mut s = g.rank;
-                    while s < cap {
-                        // s < cap; the sort buffer holds cap / 2 >= n.
-                        let k = *keys.add(s as usize);
-                        if k != EMPTY {
-                            let at = cursor.fetch_add(1, Relaxed) as usize;
-                            *sort_keys.add(at) = k;
-                            *sort_vals.add(at) = *vals.add(s as usize);
-                        }
-                        s += size;
-                    }
-                    let mut s = n + g.rank;
-                    while s < m {
-                        // m <= cap / 2 (n <= bound, cap >= 2 x bound).
-                        *sort_keys.add(s as usize) = EMPTY;
-                        s += size;
-                    }
-                    g.sync();
-                    sort(g, sort_keys, sort_vals, m);
-                }
-            }
-        }
         if g.rank == 0 {
             // SAFETY: row < rows; the group's header, read after the barrier.
             unsafe {
                 ((*header).vals, (*header).cols) = match out.place(p, row, n) {
                     Place::To(v, c) => (v as u64, c as u64),
+                    Place::Short => (SHORT, 0),
                     Place::Nothing | Place::Failed => (0, 0),
                 };
             }
@@ -979,11 +1036,16 @@ unsafe fn hash_rows<O: Output, const WARP: bool>(p: &Problem, out: &mut O) {
             g.sync();
             ((*header).vals as *mut f64, (*header).cols as *mut u32)
         };
+        if ov as u64 == SHORT {
+            // SAFETY: as above: every thread has read the header.
+            unsafe { g.sync() };
+            return Some(Short { i, n });
+        }
         if !ov.is_null() {
             // SAFETY: the sort buffer holds the row's n entries; the
             // output has room for n; every thread of the group runs this.
             unsafe {
-                if warp {
+                if WARP {
                     warp_write_sorted(sort_keys, sort_vals, n, ov, oc);
                 } else {
                     let mut q = g.rank;
@@ -999,6 +1061,105 @@ unsafe fn hash_rows<O: Output, const WARP: bool>(p: &Problem, out: &mut O) {
         unsafe { g.sync() };
         i += stride;
     }
+    None
+}
+
+/// Accumulates `row` in the group's hash table and, for the numeric
+/// methods, leaves its entries compacted (and, a block per row, sorted) in
+/// the sort buffer; returns its nonzeros.
+///
+/// # Safety
+///
+/// As for [`hash_rows`]; `t` is the group's part of shared memory; every
+/// thread of the group calls it.
+#[inline(always)]
+unsafe fn hash_row<O: Output, const WARP: bool>(p: &Problem, row: u64, g: Group, t: &Table) -> u32 {
+    let size = g.size;
+    let table_max = if WARP { WARP_TABLE } else { BLOCK_TABLE };
+    let Table {
+        header,
+        keys,
+        vals,
+        stage,
+        sort_keys,
+        sort_vals,
+    } = *t;
+    // SAFETY: row < rows.
+    let bound = unsafe { at::<u32>(p.row_bound, row) };
+    let cap = (2 * bound).next_power_of_two().min(table_max);
+    let mut s = g.rank;
+    while s < cap {
+        // SAFETY: s < cap <= table_max.
+        unsafe {
+            *keys.add(s as usize) = EMPTY;
+            *vals.add(s as usize) = 0.0;
+        }
+        s += size;
+    }
+    if g.rank == 0 {
+        // SAFETY: the group's header; the others wait at the barrier.
+        unsafe {
+            (*header).nnz = 0;
+            (*header).cursor = 0;
+        }
+    }
+    // SAFETY: every thread of the group runs the loop's body.
+    unsafe { g.sync() };
+    // SAFETY: the table has 2 x bound >= 2 x distinct columns entries;
+    // every thread of the group runs this.
+    let n = unsafe {
+        if WARP {
+            // Each lane counts the columns it added; the warp sums.
+            let mut added = 0u32;
+            warp_products(p, row, O::NUMERIC, stage, |col, v| {
+                added += insert(O::NUMERIC, keys, vals, cap - 1, col, v) as u32
+            });
+            sync_warp(FULL);
+            warp_sum_u64(added as u64) as u32
+        } else {
+            let nnz = AtomicU32::from_ptr(&raw mut (*header).nnz);
+            for_products(p, row, g, O::NUMERIC, Some(stage), |col, v| {
+                if insert(O::NUMERIC, keys, vals, cap - 1, col, v) {
+                    nnz.fetch_add(1, Relaxed);
+                }
+            });
+            g.sync();
+            nnz.load(Relaxed)
+        }
+    };
+    if O::NUMERIC {
+        // Compact into the sort buffer (cap / 2 >= bound >= n).
+        // SAFETY: every thread of the group runs this.
+        unsafe {
+            if WARP {
+                warp_compact(keys, vals, cap, sort_keys, sort_vals);
+            } else {
+                // Pad to a power of two and sort.
+                let cursor = AtomicU32::from_ptr(&raw mut (*header).cursor);
+                let m = n.next_power_of_two();
+                let mut s = g.rank;
+                while s < cap {
+                    // s < cap; the sort buffer holds cap / 2 >= n.
+                    let k = *keys.add(s as usize);
+                    if k != EMPTY {
+                        let at = cursor.fetch_add(1, Relaxed) as usize;
+                        *sort_keys.add(at) = k;
+                        *sort_vals.add(at) = *vals.add(s as usize);
+                    }
+                    s += size;
+                }
+                let mut s = n + g.rank;
+                while s < m {
+                    // m <= cap / 2 (n <= bound, cap >= 2 x bound).
+                    *sort_keys.add(s as usize) = EMPTY;
+                    s += size;
+                }
+                g.sync();
+                sort(g, sort_keys, sort_vals, m);
+            }
+        }
+    }
+    n
 }
 
 /// Copies the entries of a warp's table (`cap` of them) that are not
@@ -1115,14 +1276,15 @@ unsafe fn warp_write_sorted(
 /// rounds that every lane of a warp runs (the warp places its rows
 /// together). Each thread keeps its row sorted, columns merged, in its own
 /// `THREAD_BOUND` entries of shared memory (strided by the block size, so
-/// the threads of a warp use different banks).
+/// the threads of a warp use different banks). From, and returning, a
+/// round that stopped short as [`hash_rows`] does (each lane its own row).
 ///
 /// # Safety
 ///
 /// See the module documentation; launched with `THREAD_BLOCK` threads and
 /// `THREAD_SHARED` bytes of dynamic shared memory, whole warps.
 #[inline(always)]
-unsafe fn thread_rows<O: Output>(p: &Problem, out: &mut O) {
+unsafe fn thread_rows<O: Output>(p: &Problem, out: &mut O, from: Option<Short>) -> Option<Short> {
     let tid = thread_in_block() as usize;
     let bd = block_threads() as usize;
     let vals = dynamic_shared() as *mut f64;
@@ -1137,13 +1299,19 @@ unsafe fn thread_rows<O: Output>(p: &Problem, out: &mut O) {
             bin_base(p, BIN_THREAD),
         )
     };
+    // Whole rounds: every lane of a warp runs each.
     let stride = grid_threads() as u64;
-    let mut i = global_thread() as u64;
-    for _ in 0..count.div_ceil(stride) {
+    let first = global_thread() as u64;
+    let end = first + count.div_ceil(stride) * stride;
+    let mut i = from.map_or(first, |s| s.i);
+    let mut resumed = from;
+    while i < end {
         // SAFETY: i < the bin's count.
         let row = (i < count).then(|| unsafe { at::<u32>(p.bin_rows, base + i) } as u64);
         let mut n = 0u32;
-        if let Some(row) = row {
+        if let Some(s) = resumed.take() {
+            n = s.n;
+        } else if let Some(row) = row {
             let g = Group {
                 size: 1,
                 rank: 0,
@@ -1180,17 +1348,22 @@ unsafe fn thread_rows<O: Output>(p: &Problem, out: &mut O) {
             }
         }
         // SAFETY: every lane of the warp runs every round.
-        if let Place::To(ov, oc) = unsafe { out.place_lanes(p, row, n) } {
-            for q in 0..n {
-                // SAFETY: q < n: the row's sorted entries and its output.
-                unsafe {
-                    *ov.add(q as usize) = *vals.add(slot(q));
-                    *oc.add(q as usize) = *keys.add(slot(q));
+        match unsafe { out.place_lanes(p, row, n) } {
+            Place::Short => return Some(Short { i, n }),
+            Place::To(ov, oc) => {
+                for q in 0..n {
+                    // SAFETY: q < n: the row's sorted entries and its output.
+                    unsafe {
+                        *ov.add(q as usize) = *vals.add(slot(q));
+                        *oc.add(q as usize) = *keys.add(slot(q));
+                    }
                 }
             }
+            Place::Nothing | Place::Failed => {}
         }
         i += stride;
     }
+    None
 }
 
 /// Inclusive prefix sum of `v` over the lanes of the warp.
@@ -1269,7 +1442,60 @@ unsafe fn block_scan(v: u64, words: *mut u64) -> (u64, u64) {
 /// See the module documentation; launched with `DENSE_BLOCK` threads and
 /// `DENSE_SHARED` bytes of dynamic shared memory.
 #[inline(always)]
-unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
+unsafe fn dense_kernel<O: Output>(p: &Problem, out: &mut O) {
+    let smem = dynamic_shared() as *mut u64;
+    let (rank, size) = (thread_in_block(), block_threads());
+    let words = p.cols.div_ceil(32);
+    if rank == 0 {
+        // SAFETY: thread 0 of the block; smem holds DENSE_SHARED bytes.
+        unsafe { *smem.add(40) = out.scratch(p, dense_bytes(p.cols)) as u64 };
+    }
+    // SAFETY: every thread of the block runs this.
+    unsafe { sync_block() };
+    // SAFETY: written before the barrier.
+    let scratch = unsafe { *smem.add(40) };
+    if scratch != 0 {
+        let (vals, bits) = (scratch, scratch + p.cols * 8);
+        let mut w = rank as u64;
+        while w < words {
+            // SAFETY: the scratch holds `dense_bytes(cols)`.
+            unsafe { put(bits, w, 0u32) };
+            w += size as u64;
+        }
+        if O::NUMERIC {
+            let mut c = rank as u64;
+            while c < p.cols {
+                // SAFETY: as above.
+                unsafe { put(vals, c, 0f64) };
+                c += size as u64;
+            }
+        }
+    }
+    // SAFETY: as above; every thread of the block runs the loop.
+    unsafe {
+        sync_block();
+        resume(out, size, false, move |o, at| dense_rows(p, o, scratch, at));
+    }
+    if rank == 0 {
+        // SAFETY: from `scratch` above.
+        unsafe { out.release(scratch as *mut u8) };
+    }
+}
+
+/// The row loop of [`dense_kernel`] over its accumulator `scratch`
+/// (cleared, or 0 if it could not be allocated), from the start or from a
+/// row that stopped short.
+///
+/// # Safety
+///
+/// As for [`dense_kernel`]; every thread of the block runs it.
+#[inline(always)]
+unsafe fn dense_rows<O: Output>(
+    p: &Problem,
+    out: &mut O,
+    scratch: u64,
+    from: Option<Short>,
+) -> Option<Short> {
     let g = Group {
         size: block_threads(),
         rank: thread_in_block(),
@@ -1277,35 +1503,8 @@ unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
     };
     let smem = dynamic_shared() as *mut u64;
     let words = p.cols.div_ceil(32);
-    let bytes = dense_bytes(p.cols);
-    if g.rank == 0 {
-        // SAFETY: thread 0 of the block; smem holds DENSE_SHARED bytes.
-        unsafe { *smem.add(40) = out.scratch(p, bytes) as u64 };
-    }
-    // SAFETY: every thread of the block runs this.
-    unsafe { sync_block() };
-    // SAFETY: written before the barrier.
-    let scratch = unsafe { *smem.add(40) };
     let vals = scratch;
     let bits = scratch + p.cols * 8;
-    if scratch != 0 {
-        let mut w = g.rank as u64;
-        while w < words {
-            // SAFETY: the scratch holds `dense_bytes(cols)`.
-            unsafe { put(bits, w, 0u32) };
-            w += g.size as u64;
-        }
-        if O::NUMERIC {
-            let mut c = g.rank as u64;
-            while c < p.cols {
-                // SAFETY: as above.
-                unsafe { put(vals, c, 0f64) };
-                c += g.size as u64;
-            }
-        }
-    }
-    // SAFETY: as above.
-    unsafe { sync_block() };
     // SAFETY: analyse and place ran.
     let (count, base) = unsafe {
         (
@@ -1318,7 +1517,8 @@ unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
         (g.rank as u64 * per_thread).min(words),
         ((g.rank as u64 + 1) * per_thread).min(words),
     );
-    let mut i = block_index() as u64;
+    let mut i = from.map_or(block_index() as u64, |s| s.i);
+    let mut resumed = from.is_some();
     while i < count {
         // SAFETY: i < the bin's count.
         let row = unsafe { at::<u32>(p.bin_rows, base + i) } as u64;
@@ -1330,26 +1530,29 @@ unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
             i += grid_blocks() as u64;
             continue;
         }
-        // SAFETY: row < rows; the accumulator covers every column.
-        unsafe {
-            for_products(
-                p,
-                row,
-                g,
-                O::NUMERIC,
-                Some(smem.add(DENSE_STAGE as usize / 8)),
-                |col, v| {
-                    let w = atomic_u32(bits, col as u64 / 32);
-                    let bit = 1u32 << (col % 32);
-                    if w.load(Relaxed) & bit == 0 {
-                        w.fetch_or(bit, Relaxed);
-                    }
-                    if O::NUMERIC {
-                        atomic_add_f64((vals as *mut f64).add(col as usize), v);
-                    }
-                },
-            );
-            sync_block();
+        // A row that stopped short is already in the accumulator.
+        if !core::mem::take(&mut resumed) {
+            // SAFETY: row < rows; the accumulator covers every column.
+            unsafe {
+                for_products(
+                    p,
+                    row,
+                    g,
+                    O::NUMERIC,
+                    Some(smem.add(DENSE_STAGE as usize / 8)),
+                    |col, v| {
+                        let w = atomic_u32(bits, col as u64 / 32);
+                        let bit = 1u32 << (col % 32);
+                        if w.load(Relaxed) & bit == 0 {
+                            w.fetch_or(bit, Relaxed);
+                        }
+                        if O::NUMERIC {
+                            atomic_add_f64((vals as *mut f64).add(col as usize), v);
+                        }
+                    },
+                );
+                sync_block();
+            }
         }
         let mut mine = 0u64;
         for w in w0..w1 {
@@ -1362,6 +1565,7 @@ unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
             // SAFETY: row < rows.
             let (v, c) = match unsafe { out.place(p, row, n as u32) } {
                 Place::To(v, c) => (v as u64, c as u64),
+                Place::Short => (SHORT, 0),
                 Place::Nothing | Place::Failed => (0, 0),
             };
             // SAFETY: words 34 and 35 of smem, read after the barrier.
@@ -1374,6 +1578,11 @@ unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
         unsafe { sync_block() };
         // SAFETY: written before the barrier.
         let (ov, oc) = unsafe { (*smem.add(34), *smem.add(35)) };
+        if ov == SHORT {
+            // SAFETY: as above: every thread has read them.
+            unsafe { sync_block() };
+            return Some(Short { i, n: n as u32 });
+        }
         for w in w0..w1 {
             // SAFETY: w < words; each bit a column < cols; the output
             // holds n entries, this thread's from its scan offset.
@@ -1398,9 +1607,51 @@ unsafe fn dense_rows<O: Output>(p: &Problem, out: &mut O) {
         unsafe { sync_block() };
         i += grid_blocks() as u64;
     }
-    if g.rank == 0 {
-        // SAFETY: from `scratch` above.
-        unsafe { out.release(scratch as *mut u8) };
+    None
+}
+
+/// Runs a row loop (`rows(out, from)`: from the start, or from where it
+/// stopped short) until it has done all its rows, refilling the output
+/// between: from the leader of each group of `size` threads, or from
+/// every lane (`lanes`, a thread per row, a warp refilling together). For an
+/// output that refills, the row loop is a function of its own: then no
+/// value of the loop is live across the allocator's call, which would
+/// make the assembler keep them in local memory (in the hash kernel, 544
+/// bytes of spills, and its hash-table pointers reloaded per product).
+///
+/// # Safety
+///
+/// `rows` is a row loop of this module with its safety contract met;
+/// every thread of the kernel calls this.
+#[inline(always)]
+unsafe fn resume<O: Output>(
+    out: &mut O,
+    size: u32,
+    lanes: bool,
+    rows: impl Fn(&mut O, Option<Short>) -> Option<Short>,
+) {
+    #[inline(never)]
+    fn apart<O>(
+        out: &mut O,
+        at: Option<Short>,
+        rows: &impl Fn(&mut O, Option<Short>) -> Option<Short>,
+    ) -> Option<Short> {
+        rows(out, at)
+    }
+    if !O::REFILLS {
+        rows(out, None);
+        return;
+    }
+    let mut at = None;
+    while let Some(s) = apart(out, at, &rows) {
+        if lanes {
+            // SAFETY: forwarded: every lane, between two runs of the loop.
+            unsafe { out.refill_lanes(s.n) };
+        } else if thread_in_block().is_multiple_of(size) {
+            // SAFETY: forwarded: the leader, between two runs of the loop.
+            unsafe { out.refill(s.n) };
+        }
+        at = Some(s);
     }
 }
 
@@ -1415,7 +1666,10 @@ macro_rules! method_kernels {
         /// Rows of the thread bin.
         pub unsafe fn $thread(problem: *const Problem $(, $arg: $ty)*) {
             // SAFETY: the launch's contract, forwarded.
-            unsafe { thread_rows(&*problem, &mut $out) }
+            unsafe {
+                let p = &*problem;
+                resume(&mut $out, 1, true, move |o, at| thread_rows(p, o, at))
+            }
         }
 
         $(#[$doc])*
@@ -1424,10 +1678,12 @@ macro_rules! method_kernels {
         pub unsafe fn $hash(problem: *const Problem, bin: u32 $(, $arg: $ty)*) {
             // SAFETY: the launch's contract, forwarded.
             unsafe {
+                let (p, out) = (&*problem, &mut $out);
                 if bin == BIN_WARP {
-                    hash_rows::<_, true>(&*problem, &mut $out)
+                    resume(out, 32, false, move |o, at| hash_rows::<_, true>(p, o, at))
                 } else {
-                    hash_rows::<_, false>(&*problem, &mut $out)
+                    let size = block_threads();
+                    resume(out, size, false, move |o, at| hash_rows::<_, false>(p, o, at))
                 }
             }
         }
@@ -1436,7 +1692,7 @@ macro_rules! method_kernels {
         /// Rows of the dense bin.
         pub unsafe fn $dense(problem: *const Problem $(, $arg: $ty)*) {
             // SAFETY: the launch's contract, forwarded.
-            unsafe { dense_rows(&*problem, &mut $out) }
+            unsafe { dense_kernel(&*problem, &mut $out) }
         }
     )*};
 }
@@ -1467,14 +1723,24 @@ method_kernels! {
     ///
     /// See the module documentation; `heap` stays live until the kernel ends.
     [spgemm_cuheap_thread, spgemm_cuheap_hash, spgemm_cuheap_dense](heap: HeapHandle, chunk: u32)
-        => Blocks::new(OnHeap(&heap), chunk);
+        => Blocks::<_, true>::new(OnHeap(&heap), chunk);
+
+    /// One pass on cuheap, each row's output in a block of its own,
+    /// allocated inside the row loop; otherwise as the kernels above with
+    /// `chunk == 0`.
+    ///
+    /// # Safety
+    ///
+    /// See the module documentation; `heap` stays live until the kernel ends.
+    [spgemm_cuheap_row_thread, spgemm_cuheap_row_hash, spgemm_cuheap_row_dense](heap: HeapHandle)
+        => Blocks::<_, false>::new(OnHeap(&heap), 0);
 
     /// One pass on CUDA's device `malloc`, a block per row.
     ///
     /// # Safety
     ///
     /// See the module documentation.
-    [spgemm_malloc_thread, spgemm_malloc_hash, spgemm_malloc_dense]() => Blocks::new(OnMalloc, 0);
+    [spgemm_malloc_thread, spgemm_malloc_hash, spgemm_malloc_dense]() => Blocks::<_, false>::new(OnMalloc, 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -337,9 +337,12 @@ impl Runner<'_> {
                         (Method::TwoPass, true, _) => k.spgemm_numeric_hash(&cfg, p, bin)?,
                         (Method::Cuheap { chunk }, _, _) => {
                             let heap = heap.expect("checked by multiply");
-                            match bin {
-                                BIN_THREAD => k.spgemm_cuheap_thread(&cfg, p, heap, chunk)?,
-                                BIN_DENSE => k.spgemm_cuheap_dense(&cfg, p, heap, chunk)?,
+                            match (chunk, bin) {
+                                (0, BIN_THREAD) => k.spgemm_cuheap_row_thread(&cfg, p, heap)?,
+                                (0, BIN_DENSE) => k.spgemm_cuheap_row_dense(&cfg, p, heap)?,
+                                (0, _) => k.spgemm_cuheap_row_hash(&cfg, p, bin, heap)?,
+                                (_, BIN_THREAD) => k.spgemm_cuheap_thread(&cfg, p, heap, chunk)?,
+                                (_, BIN_DENSE) => k.spgemm_cuheap_dense(&cfg, p, heap, chunk)?,
                                 _ => k.spgemm_cuheap_hash(&cfg, p, bin, heap, chunk)?,
                             }
                         }
