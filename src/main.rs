@@ -111,6 +111,11 @@ enum Demo {
         /// Skip cuSPARSE.
         #[arg(long)]
         no_cusparse: bool,
+        /// Chunk sizes in KiB of the one-pass method in chunks (1 to
+        /// 65536), each run as a method of its own.
+        #[arg(long, value_delimiter = ',',
+              default_values_t = [cuheap::spgemm::gpu::Method::DEFAULT_CHUNK >> 10])]
+        chunks: Vec<u32>,
     },
 }
 
@@ -176,13 +181,18 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             no_malloc,
             malloc_max_rows,
             no_cusparse,
+            chunks,
         }) => {
             use cuheap::bench::spgemm as demo;
+            if let Some(bad) = chunks.iter().find(|&&k| !(1..=65536).contains(&k)) {
+                return Err(format!("--chunks {bad}: use 1 to 65536 KiB").into());
+            }
             let mut cfg = demo::Config {
                 reps: reps.max(1),
                 cusparse: !no_cusparse,
                 malloc: !no_malloc,
                 malloc_max_rows,
+                chunks: chunks.iter().map(|k| k << 10).collect(),
                 ..demo::Config::default()
             };
             if let Some(list) = inputs {

@@ -9,9 +9,10 @@ use cuheap::spgemm::gpu::{Method, Runner};
 use cuheap::spgemm::{self, gen, Csr, DeviceCsr};
 use cuheap::{DeviceHeap, Error, Gpu};
 
-const METHODS: [Method; 4] = [
+const METHODS: [Method; 5] = [
     Method::TwoPass,
     Method::Cuheap { chunk: 4096 },
+    Method::CUHEAP,
     Method::Cuheap { chunk: 0 },
     Method::CudaMalloc,
 ];

@@ -495,6 +495,62 @@ impl<A: Alloc, const APART: bool> Blocks<A, APART> {
     }
 }
 
+impl<A: Alloc, const APART: bool> Blocks<A, APART> {
+    /// `place_lanes` in chunks: the warp's rows of a round are carved one
+    /// after another from the warp's chunk (each lane's at the prefix sum
+    /// of the needs before it), and the round that does not fit asks for
+    /// a new chunk. Carving rounds from chunks kept across rounds, not a
+    /// block per round, makes the 2D stencil's rows (about 5 KiB a round)
+    /// leave the row loop and allocate once in several rounds.
+    ///
+    /// # Safety
+    ///
+    /// As for `place_lanes`; every lane holds the same chunk state.
+    #[inline(always)]
+    unsafe fn place_warp(&mut self, p: &Problem, row: Option<u64>, n: u32) -> Place {
+        let need = match row {
+            Some(_) if n > 0 => need_of(n),
+            _ => 0,
+        };
+        // SAFETY: all 32 lanes call this (the caller's contract).
+        let incl = unsafe { warp_inclusive_scan(need) };
+        // SAFETY: as above.
+        let total = unsafe { shfl_u64(FULL, incl, 31) };
+        // The same decision in every lane: the state and total are the
+        // warp's.
+        if total > self.left {
+            if !APART {
+                // SAFETY: forwarded.
+                unsafe { self.refill_lanes(if row.is_some() { n } else { 0 }) };
+            } else if !self.failed {
+                return Place::Short;
+            }
+            if core::mem::take(&mut self.failed) {
+                return match row {
+                    // SAFETY: row < rows.
+                    Some(row) => unsafe { record(p, row, n, core::ptr::null_mut(), 0) },
+                    None => Place::Nothing,
+                };
+            }
+        }
+        let excl = incl - need;
+        let block = self.cursor.wrapping_add(excl as usize);
+        // The chunk's first row (the first lane with one, excl 0) owns it.
+        let owner = (self.fresh && excl == 0) as u64;
+        if total > 0 {
+            // SAFETY: as above.
+            self.cursor = unsafe { self.cursor.add(total as usize) };
+            self.left -= total;
+            self.fresh = false;
+        }
+        match row {
+            // SAFETY: row < rows; a non-empty row's part holds need bytes.
+            Some(row) => unsafe { record(p, row, n, block, owner) },
+            None => Place::Nothing,
+        }
+    }
+}
+
 impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
     const NUMERIC: bool = true;
     const REFILLS: bool = APART;
@@ -539,6 +595,10 @@ impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
     // Short for every lane if any lane is: no lane places its row twice.
     #[inline(always)]
     unsafe fn place_lanes(&mut self, p: &Problem, row: Option<u64>, n: u32) -> Place {
+        if self.chunk != 0 {
+            // SAFETY: forwarded.
+            return unsafe { self.place_warp(p, row, n) };
+        }
         let short = row.is_some() && n > 0 && need_of(n) > self.left && !self.failed;
         // SAFETY: all 32 lanes call this (the caller's contract).
         if unsafe { ballot(FULL, short) } != 0 {
@@ -556,45 +616,31 @@ impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
     }
     unsafe fn refill_lanes(&mut self, n: u32) {
         let need = if n > 0 { need_of(n) } else { 0 };
-        let (block, fresh) = if self.chunk == 0 {
-            let block = if need == 0 {
-                core::ptr::null_mut()
-            } else {
+        if self.chunk == 0 {
+            if need > 0 {
                 // SAFETY: the allocator is live; lanes allocate together.
-                unsafe { self.alloc.alloc_lanes(need) }
-            };
-            (block, true)
-        } else {
-            // One block for the warp's rows: each lane's part at the prefix
-            // sum of the needs before it; the first lane with a row owns
-            // it. (Carving the rounds from chunks of 8 KiB held for later
-            // rounds took as long on an H100 and left a quarter of each
-            // chunk unused: a round needs about 5 KiB on a 2D stencil.)
-            // SAFETY: all 32 lanes call this (the caller's contract).
-            let incl = unsafe { warp_inclusive_scan(need) };
-            // SAFETY: as above.
-            let total = unsafe { shfl_u64(FULL, incl, 31) };
-            let mut base = 0u64;
-            if laneid() == 31 && total > 0 {
-                // SAFETY: the allocator is live.
-                base = unsafe { self.alloc.alloc(total) } as u64;
+                self.cursor = unsafe { self.alloc.alloc_lanes(need) };
+                self.failed = self.cursor.is_null();
+                self.fresh = !self.failed;
+                self.left = if self.failed { 0 } else { need };
             }
-            // SAFETY: as above.
-            let base = unsafe { shfl_u64(FULL, base, 31) };
-            let excl = incl - need;
-            let block = if base == 0 {
-                core::ptr::null_mut()
-            } else {
-                (base + excl) as *mut u8
-            };
-            (block, excl == 0)
-        };
-        if need > 0 {
-            self.cursor = block;
-            self.failed = block.is_null();
-            self.fresh = fresh && !self.failed;
-            self.left = if self.failed { 0 } else { need };
+            return;
         }
+        // A chunk for the warp's rows, of this round and later ones: every
+        // lane keeps the same copy of the chunk's state.
+        // SAFETY: all 32 lanes call this (the caller's contract).
+        let total = unsafe { shfl_u64(FULL, warp_inclusive_scan(need), 31) };
+        let bytes = total.max(self.chunk);
+        let mut base = 0u64;
+        if laneid() == 31 {
+            // SAFETY: the allocator is live.
+            base = unsafe { self.alloc.alloc(bytes) } as u64;
+        }
+        // SAFETY: as above.
+        self.cursor = unsafe { shfl_u64(FULL, base, 31) } as *mut u8;
+        self.failed = self.cursor.is_null();
+        self.fresh = !self.failed;
+        self.left = if self.failed { 0 } else { bytes };
     }
     unsafe fn scratch(&mut self, _p: &Problem, bytes: u64) -> *mut u8 {
         // SAFETY: the allocator is live.

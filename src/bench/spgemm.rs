@@ -136,6 +136,9 @@ pub struct Config {
     /// takes about a minute on the 2D stencil's 4.2 M rows and longer on
     /// the 3D one's 1 M rows of 125 entries.
     pub malloc_max_rows: usize,
+    /// Chunk sizes (bytes) of the one-pass method in chunks, each run as
+    /// a method of its own (a block per row always runs).
+    pub chunks: Vec<u32>,
 }
 
 impl Default for Config {
@@ -147,6 +150,7 @@ impl Default for Config {
             cusparse: true,
             malloc: true,
             malloc_max_rows: 1 << 18,
+            chunks: vec![Method::DEFAULT_CHUNK],
         }
     }
 }
@@ -270,7 +274,7 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
             cusparse.iter().map(Err).collect();
         methods.push(Ok(Method::TwoPass));
         methods.push(Ok(Method::Cuheap { chunk: 0 }));
-        methods.push(Ok(Method::CUHEAP));
+        methods.extend(cfg.chunks.iter().map(|&chunk| Ok(Method::Cuheap { chunk })));
         let malloc = cfg.malloc && a.rows() <= cfg.malloc_max_rows;
         if malloc {
             methods.push(Ok(Method::CudaMalloc));

@@ -52,10 +52,16 @@ pub enum Method {
 }
 
 impl Method {
-    /// cuheap's default: chunks of 8 KiB. On an H100 80 GB they were faster
-    /// than a block per row on 6 of the 8 products of `cuheap demo spgemm`,
-    /// and 0.7% and 1.2% slower on the other two (docs/spgemm-*-h100.txt).
-    pub const CUHEAP: Method = Method::Cuheap { chunk: 8192 };
+    /// cuheap's default: chunks of 32 KiB. On an H100 80 GB they were as
+    /// fast as 8 KiB or faster on every product of `cuheap demo spgemm`
+    /// (up to 8%, on uniform rows), with as much memory or less
+    /// (docs/ab-spgemm-chunks-h100.txt).
+    pub const CUHEAP: Method = Method::Cuheap {
+        chunk: Method::DEFAULT_CHUNK,
+    };
+
+    /// The chunk of [`Method::CUHEAP`], in bytes.
+    pub const DEFAULT_CHUNK: u32 = 32 << 10;
 
     /// A short name for tables.
     pub fn name(&self) -> String {
@@ -150,7 +156,8 @@ impl Drop for RowsGuard<'_> {
 const DENSE_BUDGET: u64 = 1 << 30;
 
 /// Blocks of the warp bin's kernels per SM: as many as are resident at
-/// once on an H100 (shared memory: 4 x 42.25 KiB; registers: 4 x 256 x 64).
+/// once on an H100 (shared memory: 4 x 42.25 KiB; registers: 4 x 256 x 64);
+/// the thread bin's too (4 x 48 KiB).
 /// One wave of blocks that loop over the rows: each warp's last chunk is
 /// left part-used once, not once per block.
 const RESIDENT_BLOCKS: u32 = 4;
@@ -301,11 +308,18 @@ impl Runner<'_> {
             problem_mem.write(0, &problem.to_words())?;
             scratch = Some(s);
         }
+        // In chunks, each warp of the thread bin carves its rounds from a
+        // chunk it keeps: one wave of blocks, so that every warp runs many
+        // rounds and leaves one chunk's tail unused, not one per few rounds.
+        let thread_waves = match method {
+            Method::Cuheap { chunk } if chunk > 0 => RESIDENT_BLOCKS,
+            _ => 64,
+        };
         let launches = |bin: u32| -> LaunchConfig<'static> {
             let n = counts[bin as usize];
             match bin {
                 BIN_THREAD => LaunchConfig::shape(
-                    (n.div_ceil(THREAD_BLOCK).min(sms * 64), 1, 1),
+                    (n.div_ceil(THREAD_BLOCK).min(sms * thread_waves), 1, 1),
                     (THREAD_BLOCK, 1, 1),
                 )
                 .with_shared_bytes(THREAD_SHARED),
