@@ -187,6 +187,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             if let Some(bad) = chunks.iter().find(|&&k| !(1..=65536).contains(&k)) {
                 return Err(format!("--chunks {bad}: use 1 to 65536 KiB").into());
             }
+            // Each size once: the table and the charts name methods by it.
+            let mut chunks = chunks;
+            let mut seen = std::collections::HashSet::new();
+            chunks.retain(|k| seen.insert(*k));
             let mut cfg = demo::Config {
                 reps: reps.max(1),
                 cusparse: !no_cusparse,

@@ -186,9 +186,17 @@ fn a_row_whose_output_is_over_one_mib() {
 fn a_heap_that_runs_out_is_an_error_not_a_wrong_result() {
     let (gpu, k, _) = setup();
     let small = DeviceHeap::new(&gpu, 1 << 20).unwrap();
-    let a = gen::rmat(13, 16, 2).unwrap();
-    let da = DeviceCsr::upload(&gpu, &a).unwrap();
-    for chunk in [0, 4096] {
+    // R-MAT's rows fill every bin; the 2D stencil's, the thread bin, whose
+    // warps carve their rounds from chunks they keep.
+    let inputs = [
+        gen::rmat(13, 16, 2).unwrap(),
+        gen::stencil_2d_5pt(256).unwrap(),
+    ];
+    for (a, chunk) in inputs
+        .iter()
+        .flat_map(|a| [0, 4096, Method::DEFAULT_CHUNK].map(|c| (a, c)))
+    {
+        let da = DeviceCsr::upload(&gpu, a).unwrap();
         match (Runner {
             gpu: &gpu,
             kernels: &k,

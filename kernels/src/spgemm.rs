@@ -306,7 +306,9 @@ trait Output {
     /// `Place::Short`; called by the group's leader between the row
     /// loop's return and its resumption, where nothing of the row loop is
     /// live: the allocator is a call, and a call inside the row loop makes
-    /// the assembler keep the loop's values in local memory.
+    /// the assembler keep the loop's values in local memory. (An output
+    /// that allocates inside the loop, as with a block per row, calls it
+    /// from `place` instead.)
     ///
     /// # Safety
     ///
@@ -319,12 +321,7 @@ trait Output {
     /// # Safety
     ///
     /// As for `refill`; all 32 lanes call it together.
-    unsafe fn refill_lanes(&mut self, n: u32) {
-        if n > 0 {
-            // SAFETY: forwarded.
-            unsafe { self.refill(n) }
-        }
-    }
+    unsafe fn refill_lanes(&mut self, _n: u32) {}
 }
 
 /// The symbolic pass: records each row's nonzeros.
@@ -432,8 +429,9 @@ impl Alloc for OnHeap<'_> {
         // SAFETY: forwarded: the heap is live.
         unsafe { dev_alloc(self.0, bytes as usize) }
     }
-    // One thread allocates for its whole group, and rarely: out of line,
-    // the allocator's registers do not count against the row kernels'.
+    // One thread allocates for its whole group (once per chunk, or per row
+    // with a block per row): out of line, the allocator's registers do not
+    // count against the row kernels'.
     #[inline(never)]
     unsafe fn alloc(&self, bytes: u64) -> *mut u8 {
         // SAFETY: forwarded: the heap is live.
@@ -518,27 +516,23 @@ impl<A: Alloc, const APART: bool> Blocks<A, APART> {
         let total = unsafe { shfl_u64(FULL, incl, 31) };
         // The same decision in every lane: the state and total are the
         // warp's.
-        if total > self.left {
-            if !APART {
-                // SAFETY: forwarded.
-                unsafe { self.refill_lanes(if row.is_some() { n } else { 0 }) };
-            } else if !self.failed {
-                return Place::Short;
-            }
-            if core::mem::take(&mut self.failed) {
-                return match row {
-                    // SAFETY: row < rows.
-                    Some(row) => unsafe { record(p, row, n, core::ptr::null_mut(), 0) },
-                    None => Place::Nothing,
-                };
-            }
+        // SAFETY: all 32 lanes run this; forwarded.
+        if total > self.left && unsafe { self.short_of(|b| b.refill_lanes(n)) } {
+            return Place::Short;
+        }
+        if core::mem::take(&mut self.failed) {
+            return match row {
+                // SAFETY: row < rows.
+                Some(row) => unsafe { record(p, row, n, core::ptr::null_mut(), 0) },
+                None => Place::Nothing,
+            };
         }
         let excl = incl - need;
         let block = self.cursor.wrapping_add(excl as usize);
         // The chunk's first row (the first lane with one, excl 0) owns it.
         let owner = (self.fresh && excl == 0) as u64;
         if total > 0 {
-            // SAFETY: as above.
+            // SAFETY: total <= left: inside the chunk.
             self.cursor = unsafe { self.cursor.add(total as usize) };
             self.left -= total;
             self.fresh = false;
@@ -548,6 +542,56 @@ impl<A: Alloc, const APART: bool> Blocks<A, APART> {
             Some(row) => unsafe { record(p, row, n, block, owner) },
             None => Place::Nothing,
         }
+    }
+
+    /// A row (or round) needs more than is left: true if the row loop
+    /// must stop short for a refill between its runs (`APART`), else
+    /// false, after `refill` has run here, inside the loop, unless the
+    /// last refill failed: then `failed` stays set and the row fails
+    /// without a second attempt.
+    ///
+    /// # Safety
+    ///
+    /// `refill`'s contract (`Output::refill` or `refill_lanes`) holds.
+    #[inline(always)]
+    unsafe fn short_of(&mut self, refill: impl FnOnce(&mut Self)) -> bool {
+        if self.failed {
+            return false;
+        }
+        if APART {
+            return true;
+        }
+        refill(self);
+        false
+    }
+
+    /// Allocates `need` bytes, or `chunk` if larger (the rest serves later
+    /// rows); with the chunk short, the row's `need` alone, so that a
+    /// nearly full heap fails no row that fits. Null if neither fits.
+    ///
+    /// # Safety
+    ///
+    /// The allocator is live.
+    #[inline(always)]
+    unsafe fn grab(&self, need: u64) -> (*mut u8, u64) {
+        let bytes = need.max(self.chunk);
+        // SAFETY: forwarded.
+        let block = unsafe { self.alloc.alloc(bytes) };
+        if block.is_null() && bytes > need {
+            // SAFETY: forwarded.
+            return (unsafe { self.alloc.alloc(need) }, need);
+        }
+        (block, bytes)
+    }
+
+    /// Makes `block` (`bytes`, or null: the allocation failed) the block
+    /// rows are carved from next.
+    #[inline(always)]
+    fn use_block(&mut self, block: *mut u8, bytes: u64) {
+        self.cursor = block;
+        self.failed = block.is_null();
+        self.fresh = !self.failed;
+        self.left = if self.failed { 0 } else { bytes };
     }
 }
 
@@ -562,17 +606,13 @@ impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
             return unsafe { record(p, row, 0, core::ptr::null_mut(), 0) };
         }
         let need = need_of(n);
-        if need > self.left {
-            if !APART {
-                // SAFETY: forwarded.
-                unsafe { self.refill(n) };
-            } else if !self.failed {
-                return Place::Short;
-            }
-            if core::mem::take(&mut self.failed) {
-                // SAFETY: row < rows.
-                return unsafe { record(p, row, n, core::ptr::null_mut(), 0) };
-            }
+        // SAFETY: forwarded (the leader's `refill`).
+        if need > self.left && unsafe { self.short_of(|b| b.refill(n)) } {
+            return Place::Short;
+        }
+        if need > self.left && core::mem::take(&mut self.failed) {
+            // SAFETY: row < rows.
+            return unsafe { record(p, row, n, core::ptr::null_mut(), 0) };
         }
         let block = self.cursor;
         let owner = core::mem::take(&mut self.fresh) as u64;
@@ -585,12 +625,9 @@ impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
     unsafe fn refill(&mut self, n: u32) {
         // A block of its own (chunk 0), or a new chunk: the rest of the
         // last one is left unused.
-        let bytes = need_of(n).max(self.chunk);
         // SAFETY: the allocator is live for the kernel.
-        self.cursor = unsafe { self.alloc.alloc(bytes) };
-        self.failed = self.cursor.is_null();
-        self.fresh = !self.failed;
-        self.left = if self.failed { 0 } else { bytes };
+        let (block, bytes) = unsafe { self.grab(need_of(n)) };
+        self.use_block(block, bytes);
     }
     // Short for every lane if any lane is: no lane places its row twice.
     #[inline(always)]
@@ -608,6 +645,7 @@ impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
             // SAFETY: as above.
             unsafe { self.refill_lanes(if row.is_some() { n } else { 0 }) };
         }
+        // (A lane whose refill failed fails its row in `place`.)
         match row {
             // SAFETY: forwarded.
             Some(row) => unsafe { self.place(p, row, n) },
@@ -619,10 +657,8 @@ impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
         if self.chunk == 0 {
             if need > 0 {
                 // SAFETY: the allocator is live; lanes allocate together.
-                self.cursor = unsafe { self.alloc.alloc_lanes(need) };
-                self.failed = self.cursor.is_null();
-                self.fresh = !self.failed;
-                self.left = if self.failed { 0 } else { need };
+                let block = unsafe { self.alloc.alloc_lanes(need) };
+                self.use_block(block, need);
             }
             return;
         }
@@ -630,17 +666,15 @@ impl<A: Alloc, const APART: bool> Output for Blocks<A, APART> {
         // lane keeps the same copy of the chunk's state.
         // SAFETY: all 32 lanes call this (the caller's contract).
         let total = unsafe { shfl_u64(FULL, warp_inclusive_scan(need), 31) };
-        let bytes = total.max(self.chunk);
-        let mut base = 0u64;
+        let (mut base, mut bytes) = (0u64, 0u64);
         if laneid() == 31 {
             // SAFETY: the allocator is live.
-            base = unsafe { self.alloc.alloc(bytes) } as u64;
+            let (block, b) = unsafe { self.grab(total) };
+            (base, bytes) = (block as u64, b);
         }
         // SAFETY: as above.
-        self.cursor = unsafe { shfl_u64(FULL, base, 31) } as *mut u8;
-        self.failed = self.cursor.is_null();
-        self.fresh = !self.failed;
-        self.left = if self.failed { 0 } else { bytes };
+        let (base, bytes) = unsafe { (shfl_u64(FULL, base, 31), shfl_u64(FULL, bytes, 31)) };
+        self.use_block(base as *mut u8, bytes);
     }
     unsafe fn scratch(&mut self, _p: &Problem, bytes: u64) -> *mut u8 {
         // SAFETY: the allocator is live.
@@ -743,7 +777,8 @@ struct Header {
     nnz: u32,
     /// Next free entry of the sort buffer.
     cursor: u32,
-    /// Where the row goes (`Place::To`), 0 for nowhere, 1 for failed.
+    /// Where the row goes (`Place::To`); 0 for nowhere (no output, or the
+    /// allocation failed), `SHORT` for a row that stopped short.
     vals: u64,
     cols: u64,
 }
@@ -1520,7 +1555,8 @@ unsafe fn dense_kernel<O: Output>(p: &Problem, out: &mut O) {
     // SAFETY: as above; every thread of the block runs the loop.
     unsafe {
         sync_block();
-        resume(out, size, false, move |o, at| dense_rows(p, o, scratch, at));
+        let by = Refiller::Leader { group: size };
+        resume(out, by, move |o, at| dense_rows(p, o, scratch, at));
     }
     if rank == 0 {
         // SAFETY: from `scratch` above.
@@ -1658,8 +1694,7 @@ unsafe fn dense_rows<O: Output>(
 
 /// Runs a row loop (`rows(out, from)`: from the start, or from where it
 /// stopped short) until it has done all its rows, refilling the output
-/// between: from the leader of each group of `size` threads, or from
-/// every lane (`lanes`, a thread per row, a warp refilling together). For an
+/// between as `by` says. For an
 /// output that refills, the row loop is a function of its own: then no
 /// value of the loop is live across the allocator's call, which would
 /// make the assembler keep them in local memory (in the hash kernel, 544
@@ -1672,8 +1707,7 @@ unsafe fn dense_rows<O: Output>(
 #[inline(always)]
 unsafe fn resume<O: Output>(
     out: &mut O,
-    size: u32,
-    lanes: bool,
+    by: Refiller,
     rows: impl Fn(&mut O, Option<Short>) -> Option<Short>,
 ) {
     #[inline(never)]
@@ -1690,15 +1724,27 @@ unsafe fn resume<O: Output>(
     }
     let mut at = None;
     while let Some(s) = apart(out, at, &rows) {
-        if lanes {
+        match by {
             // SAFETY: forwarded: every lane, between two runs of the loop.
-            unsafe { out.refill_lanes(s.n) };
-        } else if thread_in_block().is_multiple_of(size) {
-            // SAFETY: forwarded: the leader, between two runs of the loop.
-            unsafe { out.refill(s.n) };
+            Refiller::Lanes => unsafe { out.refill_lanes(s.n) },
+            Refiller::Leader { group } if thread_in_block().is_multiple_of(group) => {
+                // SAFETY: forwarded: the leader, between two runs of the loop.
+                unsafe { out.refill(s.n) }
+            }
+            Refiller::Leader { .. } => {}
         }
         at = Some(s);
     }
+}
+
+/// Who refills the output when a row loop stops short.
+#[derive(Clone, Copy)]
+enum Refiller {
+    /// The first thread of each group of `group` threads (a warp or a
+    /// block per row).
+    Leader { group: u32 },
+    /// Every lane, a warp refilling together (a thread per row).
+    Lanes,
 }
 
 // Entry bodies: a kernel per method and kind of bin, so each gets the
@@ -1714,7 +1760,7 @@ macro_rules! method_kernels {
             // SAFETY: the launch's contract, forwarded.
             unsafe {
                 let p = &*problem;
-                resume(&mut $out, 1, true, move |o, at| thread_rows(p, o, at))
+                resume(&mut $out, Refiller::Lanes, move |o, at| thread_rows(p, o, at))
             }
         }
 
@@ -1726,10 +1772,11 @@ macro_rules! method_kernels {
             unsafe {
                 let (p, out) = (&*problem, &mut $out);
                 if bin == BIN_WARP {
-                    resume(out, 32, false, move |o, at| hash_rows::<_, true>(p, o, at))
+                    let by = Refiller::Leader { group: 32 };
+                    resume(out, by, move |o, at| hash_rows::<_, true>(p, o, at))
                 } else {
-                    let size = block_threads();
-                    resume(out, size, false, move |o, at| hash_rows::<_, false>(p, o, at))
+                    let by = Refiller::Leader { group: block_threads() };
+                    resume(out, by, move |o, at| hash_rows::<_, false>(p, o, at))
                 }
             }
         }
@@ -1759,9 +1806,11 @@ method_kernels! {
     /// As for the symbolic pass, after the scan, with C allocated.
     [spgemm_numeric_thread, spgemm_numeric_hash, spgemm_numeric_dense]() => Csr;
 
-    /// One pass on cuheap: each row's output in a block from `heap`
-    /// (`chunk == 0`) or carved from chunks of `chunk` bytes (a warp's rows
-    /// share one block in the thread kernel); `row_nnz` and `row_blocks`; a
+    /// One pass on cuheap: each row's output carved from chunks of `chunk`
+    /// bytes that a group (a warp in the thread kernel) allocates between
+    /// runs of its row loop (with `chunk == 0`, a block per row, allocated
+    /// the same way: slower than the `row` kernels below); `row_nnz` and
+    /// `row_blocks`; a
     /// row whose block could not be allocated is counted in
     /// `status[STATUS_FAILED_ROWS]`.
     ///
