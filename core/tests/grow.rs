@@ -256,3 +256,58 @@ fn pages_freed_below_the_floor_serve_before_an_ask() {
     heap.check_invariants().unwrap();
     assert!(heap.stats().is_empty());
 }
+
+/// A heap that can grow retires the empty pages parked near the asking
+/// slot before it asks, but not those of far slots (under a running
+/// kernel a scavenge of every slot took milliseconds): it asks for more
+/// instead. Once the host refuses, the full search retires them too, and
+/// the allocation is served.
+#[test]
+fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
+    for (parked_on, near) in [(1, true), (5, false)] {
+        let owned = OwnedHeap::<u64>::new(64, 8).unwrap();
+        let heap = owned.heap();
+        let bell = AtomicU64::new(0);
+        let c = heap.counters();
+        c.grow_bell
+            .store(&bell as *const AtomicU64 as u64, Ordering::SeqCst);
+        // One page, held empty as a slot's current page of 64 B blocks.
+        heap.set_limit(1);
+        let p = heap.alloc(64, parked_on).unwrap();
+        heap.free(p, parked_on).unwrap();
+        // A 256 B block on slot 0 needs a page: it asks for more, and
+        // the page parked on a neighbour (slot 1) serves it at once.
+        let got = heap.try_alloc_aligned(256, 16, 0);
+        assert!(c.grow_want.load(Ordering::SeqCst) > 1, "no ask");
+        let block = if near {
+            got.unwrap()
+        } else {
+            // The far page (slot 5) stays parked; the host refuses, and
+            // then the full search retires it for the block.
+            assert_eq!(got, Err(AllocError::OutOfMemory));
+            assert_eq!(c.pages_retired.load(Ordering::SeqCst), 0);
+            let stop = AtomicBool::new(false);
+            let service = Service {
+                bell: &bell,
+                stop: &stop,
+                cap: 1,
+            };
+            let host = Cpu {
+                start: Instant::now(),
+            };
+            std::thread::scope(|sc| {
+                let svc = sc.spawn(|| service.run(&owned.heap()));
+                let block = heap.alloc_growing(256, 16, 0, &host);
+                stop.store(true, Ordering::Release);
+                assert_eq!(svc.join().unwrap(), 0, "grew past its cap");
+                block
+            })
+            .unwrap()
+        };
+        assert_eq!(c.pages_retired.load(Ordering::SeqCst), 1);
+        assert_eq!(heap.stats().failed_allocs, 0);
+        heap.free(block, 0).unwrap();
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
+    }
+}

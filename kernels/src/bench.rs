@@ -11,7 +11,7 @@
 //! are in `signatures.rs`, which generates the entry points ([`crate::entry`]);
 //! each body here has the contract of its line there.
 
-use crate::arch::{activemask, fence_gpu, global_thread, laneid, shfl};
+use crate::arch::{activemask, fence_gpu, global_thread, globaltimer, laneid, shfl};
 use crate::device_heap::{dev_alloc, dev_free};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[path = "../../src/bench/workload.rs"]
@@ -100,6 +100,35 @@ pub unsafe fn alloc_cuheap(h: HeapHandle, n: u32, sz: u32, ptrs: *mut *mut u8, e
     }
     // SAFETY: tid < n entries.
     unsafe { ptrs.add(tid as usize).write(p) };
+}
+
+/// # Safety
+///
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn alloc_cuheap_traced(
+    h: HeapHandle,
+    n: u32,
+    sz: u32,
+    ptrs: *mut *mut u8,
+    errors: *mut u32,
+    trace: *mut u64,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let start = globaltimer();
+    // SAFETY: forwarded from the caller.
+    unsafe { alloc_cuheap(h, n, sz, ptrs, errors) };
+    if laneid() == 0 {
+        let at = (tid / 32) as usize * 2;
+        // SAFETY: `trace` holds two words per warp of the `n` threads.
+        unsafe {
+            trace.add(at).write(start);
+            trace.add(at + 1).write(globaltimer());
+        }
+    }
 }
 
 /// # Safety

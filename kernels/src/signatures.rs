@@ -28,6 +28,16 @@ signatures! {
     /// `errors` points to two `u32`s.
     fn bench::alloc_cuheap(heap: HeapHandle, n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32);
 
+    /// `alloc_cuheap`, and each warp's lane 0 writes the device clock
+    /// (`%globaltimer`, ns) before and after its allocation to
+    /// `trace[2 * warp]` and `trace[2 * warp + 1]`: where a launch spends
+    /// its time (`cuheap bench growth` with `CUHEAP_GROWTH_TRACE`).
+    ///
+    /// # Safety
+    ///
+    /// As `alloc_cuheap`; `trace` holds two `u64`s per warp of `n` threads.
+    fn bench::alloc_cuheap_traced(heap: HeapHandle, n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32, trace: *mut u64);
+
     /// Per thread: frees `ptrs[tid]` to `heap` (null, foreign, interior and
     /// double frees are refused and counted in the heap's `bad_frees`).
     ///

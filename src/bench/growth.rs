@@ -171,11 +171,7 @@ fn during_launch(
         progress(name);
         let (mut ms, mut steps, mut errs, mut cap) = (Vec::new(), Vec::new(), [0u32; 2], 0);
         for rep in 0..=reps {
-            let h = if growable {
-                DeviceHeap::growable(gpu, start, RESERVE)?
-            } else {
-                DeviceHeap::new(gpu, start)?
-            };
+            let h = keep_heap(gpu, start, growable)?;
             let svc = if serve { Some(h.serve()?) } else { None };
             b.ptrs.zero()?;
             let before = h.growth_stats().live_steps;
@@ -202,10 +198,111 @@ fn during_launch(
             }
             cap = h.capacity();
         }
+        if std::env::var_os("CUHEAP_GROWTH_TRACE").is_some() {
+            for _ in 0..if serve { 3 } else { 1 } {
+                trace(gpu, b, name, start, growable, serve)?;
+            }
+        }
         let mut r = row(case, name.into(), ms, cap);
         r.live_steps = median(&mut steps) as u64;
         (r.nulls, r.errors) = (errs[0], errs[1]);
         report.rows.push(r);
+    }
+    Ok(())
+}
+
+/// A heap for the keep case: `start` bytes mapped, growable (in a
+/// reservation of [`RESERVE`]) or fixed.
+fn keep_heap(gpu: &Gpu, start: usize, growable: bool) -> Result<DeviceHeap> {
+    if growable {
+        DeviceHeap::growable(gpu, start, RESERVE)
+    } else {
+        DeviceHeap::new(gpu, start)
+    }
+}
+
+/// `CUHEAP_GROWTH_TRACE=1`: one more launch of the keep case on a heap
+/// made as in [`during_launch`], with the device clock read by each warp
+/// before and after its allocation; prints, per 0.1 ms of the launch,
+/// the warps that started and ended in it and how long their
+/// allocations took (to find where a launch that grows spends its time).
+fn trace(
+    gpu: &Gpu,
+    b: &Buffers,
+    name: &str,
+    start: usize,
+    growable: bool,
+    serve: bool,
+) -> Result<()> {
+    let n = KEEP_THREADS;
+    let warps = n as usize / 32;
+    let clock = gpu.alloc_zeroed(warps * 16)?;
+    let h = keep_heap(gpu, start, growable)?;
+    let svc = if serve { Some(h.serve()?) } else { None };
+    b.ptrs.zero()?;
+    let host_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    };
+    let launched = host_ns();
+    // SAFETY: `b.ptrs` holds n pointers, `b.errors` two u32s and `clock`
+    // two words per warp; all outlive the launch, which `gpu.time` waits
+    // for.
+    let ms = gpu.time(|| unsafe {
+        b.kernels.alloc_cuheap_traced(
+            &LaunchConfig::for_threads(n),
+            &h,
+            n,
+            KEEP_SIZE,
+            b.ptrs.as_ptr(),
+            b.errors.as_ptr(),
+            clock.as_ptr(),
+        )
+    })?;
+    drop(svc);
+    // SAFETY: `b.ptrs` holds the blocks the launch just made.
+    unsafe { fill_and_check(&b.kernels, &b.ptrs, &b.errors, n, KEEP_SIZE, true)? };
+    let e = b.errors()?;
+    let mut t = vec![0u64; warps * 2];
+    clock.read(0, &mut t)?;
+    let t0 = t.iter().step_by(2).copied().min().unwrap_or(0);
+    let end = t.iter().skip(1).step_by(2).copied().max().unwrap_or(0);
+    eprintln!(
+        "TRACE {name}: {ms:.3} ms by events, {:.3} ms first warp start to last warp end, first start {:.3} ms after the host's launch call (if the device clock is the host's), nulls {}, errors {}, growth {:?}",
+        (end - t0) as f64 / 1e6,
+        t0 as f64 / 1e6 - launched as f64 / 1e6,
+        e[0],
+        e[1],
+        h.growth_stats()
+    );
+    const BIN: u64 = 100_000;
+    let bins = ((end - t0) / BIN + 1) as usize;
+    let mut started = vec![Vec::new(); bins];
+    let mut ended = vec![0u32; bins];
+    for w in t.chunks(2) {
+        started[((w[0] - t0) / BIN) as usize].push((w[1] - w[0]) as f64 / 1e3);
+        ended[((w[1] - t0) / BIN) as usize] += 1;
+    }
+    eprintln!("TRACE ms | warps started | warps ended | alloc us of the started: median / p99 / max | over 20 us");
+    for (i, (mut d, e)) in started.into_iter().zip(ended).enumerate() {
+        let slow = d.iter().filter(|&&x| x > 20.0).count();
+        d.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            d.get(((d.len() as f64 - 1.0) * q) as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        eprintln!(
+            "TRACE {:.1} | {} | {} | {:.1} / {:.1} / {:.1} | {}",
+            i as f64 * BIN as f64 / 1e6,
+            d.len(),
+            e,
+            at(0.5),
+            at(0.99),
+            at(1.0),
+            slow
+        );
     }
     Ok(())
 }

@@ -9,8 +9,10 @@
 //! 2. A thread that finds no fresh page at limit `L` asks for `L + n`
 //!    pages (`n`: the pages its request takes) with one `fetch_max` on
 //!    `grow_want`, in device memory, right there: the first to ask for a
-//!    step also looks through the other lists and the empty pages (which
-//!    may serve it), the others give up the search at once. A waiting
+//!    step also looks through the other slots' lists of its class and the
+//!    empty pages parked near its slot (which may serve it; every slot's
+//!    only once the heap cannot grow), the others give up the search at
+//!    once. A waiting
 //!    thread rings when the ask is above `grow_rung`, the largest ask rung
 //!    so far, and it raised `grow_rung`: it takes a ticket
 //!    (`grow_requests`) and writes it to the doorbell. A burst of threads
@@ -192,10 +194,18 @@ impl<W: Word> Heap<'_, W> {
         }
     }
 
-    /// The host could not help: the full search (every page of the class,
-    /// which a pending ask skips), then a counted failure.
+    /// The host could not help: the full search (every slot's parked
+    /// pages, and every page of the class, which a pending ask skips), then
+    /// a counted failure.
     #[cold]
     fn last_resort(&self, size: usize, align: usize, slot: u32) -> Result<*mut u8, AllocError> {
+        // The parked pages of every slot (a heap that may grow retires
+        // only those near the asking slot: `scavenge_near`).
+        if self.scavenge() > 0 {
+            if let Ok(p) = self.try_alloc_aligned(size, align, slot) {
+                return Ok(p);
+            }
+        }
         if let Some(class) = class_of_aligned(size, align) {
             if self.reserve_by_scan_or_fail(class, slot).is_ok() {
                 if let Ok(p) = self.try_alloc_aligned(size, align, slot) {

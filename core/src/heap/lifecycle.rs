@@ -5,6 +5,7 @@
 use super::alloc::INSTALLING;
 use super::Heap;
 use crate::page::{Avail, Kind, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
+use crate::page_list::PageList;
 use crate::size_class::{blocks_per_page, page_units, CLASS_COUNT};
 use crate::stats::Counters;
 use crate::sync::Ordering;
@@ -92,13 +93,23 @@ impl<W: Word> Heap<'_, W> {
     /// them. Returns how many it retired.
     #[inline(never)]
     pub fn scavenge(&self) -> u32 {
+        self.scavenge_slots(0, self.slots)
+    }
+
+    /// [`Heap::scavenge`] on the lists and current pages of `count` slots
+    /// from `from` (wrapping).
+    #[inline(never)]
+    pub(super) fn scavenge_slots(&self, from: u32, count: u32) -> u32 {
         let mut retired = 0;
-        for slot in 0..self.slots {
+        for slot in (0..count.min(self.slots)).map(|k| from.wrapping_add(k) % self.slots) {
+            let empty = per_class(self.slot_row(self.lists, slot), |h| {
+                PageList::new(h).is_empty()
+            });
             for class in 0..CLASS_COUNT as u32 {
-                let list = self.list(class, slot);
-                if list.is_empty() {
+                if empty >> class & 1 != 0 {
                     continue;
                 }
+                let list = self.list(class, slot);
                 let cap = blocks_per_page(class);
                 let mut kept = 0u32; // private chain through `next`, page + 1
                 while let Some(p) = list.pop(self.next_of()) {
@@ -118,10 +129,11 @@ impl<W: Word> Heap<'_, W> {
                 }
             }
         }
-        retired + self.scavenge_current()
+        retired + self.scavenge_current(from, count)
     }
 
-    /// Detaches the empty current pages of every slot and class and lets
+    /// Detaches the empty current pages of `count` slots from `from` (every
+    /// class) and lets
     /// them settle (retire), as a full page is detached: without it, a
     /// heap whose blocks were all freed could still hold every page as some
     /// slot's empty current page, and refuse a span or another class.
@@ -133,10 +145,16 @@ impl<W: Word> Heap<'_, W> {
     /// and takes blocks afterwards is handled as for a full page: it gets
     /// its blocks from the floating page, or gives them back if the page
     /// was retired or serves another class by then.
-    fn scavenge_current(&self) -> u32 {
+    fn scavenge_current(&self, from: u32, count: u32) -> u32 {
         let before = self.counters.pages_retired.load(Ordering::Relaxed);
-        for slot in 0..self.slots {
+        for slot in (0..count.min(self.slots)).map(|k| from.wrapping_add(k) % self.slots) {
+            let held = per_class(self.slot_row(self.cache, slot), |c| {
+                c.load(Ordering::Relaxed) != 0
+            });
             for class in 0..CLASS_COUNT as u32 {
+                if held >> class & 1 == 0 {
+                    continue; // as if read as 0 below, a moment earlier
+                }
                 let cache = self.slot_cache(class, slot);
                 let cur = cache.load(Ordering::Acquire);
                 if cur == 0 || cur == INSTALLING {
@@ -159,6 +177,27 @@ impl<W: Word> Heap<'_, W> {
         (self.counters.pages_retired.load(Ordering::Relaxed) - before) as u32
     }
 }
+
+/// `f` of each word of a slot's row (see [`Heap::slot_row`]), all read
+/// before any result is used: on a GPU the loads then overlap instead of
+/// each waiting for the one before. A scavenge reads two words per class
+/// of every slot (11,616 on an H100, where one at a time it took up to
+/// 3.6 ms under a running kernel).
+#[inline(always)]
+fn per_class<A>(row: &[A], f: impl Fn(&A) -> bool) -> u64 {
+    let Some(row) = row.first_chunk::<CLASS_COUNT>() else {
+        return u64::MAX;
+    };
+    // Straight-line code: a loop is unrolled four times at most, which
+    // leaves four loads in flight instead of a row's.
+    macro_rules! bits {
+        ($($c:literal)*) => { 0 $(| (f(&row[$c]) as u64) << $c)* };
+    }
+    bits!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43)
+}
+
+// `per_class` names every class.
+const _: () = assert!(CLASS_COUNT == 44);
 
 /// [`Heap::settle`] on the heap of a handle, out of line.
 #[inline(never)]

@@ -349,6 +349,14 @@ impl<'a, W: Word> Heap<'a, W> {
         move |p| &descs[p as usize].next
     }
 
+    /// Slot `slot`'s words of `table` (its list heads or current pages),
+    /// one per class.
+    #[inline(always)]
+    pub(super) fn slot_row<A>(&self, table: &'a [A], slot: u32) -> &'a [A] {
+        let base = (slot % self.slots) as usize * CLASS_COUNT;
+        &table[base..base + CLASS_COUNT]
+    }
+
     #[inline(always)]
     pub(super) fn slot_cache(&self, class: u32, slot: u32) -> &'a AtomicU32 {
         &self.cache[(slot % self.slots) as usize * CLASS_COUNT + class as usize]

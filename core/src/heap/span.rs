@@ -51,7 +51,7 @@ impl<W: Word> Heap<'_, W> {
         if start.is_none() && asked_first() {
             // Claim again even if this scavenge retired nothing: another
             // thread's may just have freed the pages.
-            self.scavenge();
+            self.scavenge_near(slot);
             start = claim();
         }
         let Some(start) = start else {
