@@ -77,7 +77,8 @@ enum Way {
     Alone,
     /// As a warp's group does on the GPU (`warp_alloc`): search; after a
     /// failure, wait for growth as one (`await_growth`) and search again;
-    /// after 64 waits, or when waiting cannot help, go on alone.
+    /// after 64 waits, or when waiting cannot help, go on alone (or to the
+    /// fallback, on a heap that cannot grow).
     Group,
 }
 
@@ -98,6 +99,11 @@ fn alloc(
             if !heap.await_growth(pages, host) {
                 break;
             }
+        }
+        // The kernel's lanes then go on alone while the heap may grow,
+        // else (class sizes) to the fallback.
+        if let (false, Some(class)) = (heap.may_grow(), class_of(size)) {
+            return heap.alloc_fallback(size, class, slot);
         }
     }
     heap.alloc_growing(size, 16, slot, host)
@@ -257,55 +263,119 @@ fn pages_freed_below_the_floor_serve_before_an_ask() {
     assert!(heap.stats().is_empty());
 }
 
+/// How the far-page test reaches a heap that cannot grow any more.
+#[derive(Clone, Copy, Debug)]
+enum Then {
+    /// The near page serves at once.
+    Near,
+    /// The host refuses the thread's own ask (`alloc_growing`).
+    RefusedAlone,
+    /// The host refuses the group's ask (`await_growth`, then a search).
+    RefusedGroup,
+    /// Another thread's refusal capped the heap before the group waits:
+    /// it searches once more.
+    CappedGroup,
+    /// The same, for a thread that takes the fallback at once.
+    CappedFallback,
+    /// A span (one page), whose host refuses.
+    SpanRefused,
+}
+
 /// A heap that can grow retires the empty pages parked near the asking
-/// slot before it asks, but not those of far slots (under a running
+/// slot before it grows, but not those of far slots (under a running
 /// kernel a scavenge of every slot took milliseconds): it asks for more
-/// instead. Once the host refuses, the full search retires them too, and
-/// the allocation is served.
+/// instead. Once it cannot grow (refused, however the thread learns it),
+/// the next search retires them too, and the allocation is served.
 #[test]
 fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
-    for (parked_on, near) in [(1, true), (5, false)] {
+    let cases = [
+        (1, Then::Near),
+        (5, Then::RefusedAlone),
+        (5, Then::RefusedGroup),
+        (5, Then::CappedGroup),
+        (5, Then::CappedFallback),
+        (5, Then::SpanRefused),
+    ];
+    for (parked_on, then) in cases {
         let owned = OwnedHeap::<u64>::new(64, 8).unwrap();
         let heap = owned.heap();
         let bell = AtomicU64::new(0);
         let c = heap.counters();
         c.grow_bell
             .store(&bell as *const AtomicU64 as u64, Ordering::SeqCst);
-        // One page, held empty as a slot's current page of 64 B blocks.
-        heap.set_limit(1);
-        let p = heap.alloc(64, parked_on).unwrap();
-        heap.free(p, parked_on).unwrap();
-        // A 256 B block on slot 0 needs a page: it asks for more, and
-        // the page parked on a neighbour (slot 1) serves it at once.
-        let got = heap.try_alloc_aligned(256, 16, 0);
-        assert!(c.grow_want.load(Ordering::SeqCst) > 1, "no ask");
-        let block = if near {
-            got.unwrap()
-        } else {
-            // The far page (slot 5) stays parked; the host refuses, and
-            // then the full search retires it for the block.
-            assert_eq!(got, Err(AllocError::OutOfMemory));
-            assert_eq!(c.pages_retired.load(Ordering::SeqCst), 0);
-            let stop = AtomicBool::new(false);
-            let service = Service {
-                bell: &bell,
-                stop: &stop,
-                cap: 1,
-            };
-            let host = Cpu {
-                start: Instant::now(),
-            };
-            std::thread::scope(|sc| {
-                let svc = sc.spawn(|| service.run(&owned.heap()));
-                let block = heap.alloc_growing(256, 16, 0, &host);
-                stop.store(true, Ordering::Release);
-                assert_eq!(svc.join().unwrap(), 0, "grew past its cap");
-                block
-            })
-            .unwrap()
+        // One page, held empty as a slot's current page of 64 B blocks
+        // (two, of 64 and 128 B blocks, for a two-page span).
+        let parked: &[usize] = match then {
+            Then::SpanRefused => &[64, 128],
+            _ => &[64],
         };
-        assert_eq!(c.pages_retired.load(Ordering::SeqCst), 1);
-        assert_eq!(heap.stats().failed_allocs, 0);
+        heap.set_limit(parked.len() as u32);
+        for &size in parked {
+            let p = heap.alloc(size, parked_on).unwrap();
+            heap.free(p, parked_on).unwrap();
+        }
+        let pages = parked.len() as u64;
+        // A 256 B block (or a span) on slot 0 needs a page: it asks for
+        // more, and a page parked on a neighbour (slot 1) serves it at once.
+        let size = match then {
+            Then::SpanRefused => PAGE_SIZE + 1,
+            _ => 256,
+        };
+        let got = heap.try_alloc_aligned(size, 16, 0);
+        assert!(
+            c.grow_want.load(Ordering::SeqCst) > pages,
+            "{then:?}: no ask"
+        );
+        let host = Cpu {
+            start: Instant::now(),
+        };
+        let block = match then {
+            Then::Near => got.unwrap(),
+            _ => {
+                // The far page (slot 5) stays parked.
+                assert_eq!(got, Err(AllocError::OutOfMemory), "{then:?}");
+                assert_eq!(c.pages_retired.load(Ordering::SeqCst), 0, "{then:?}");
+                if let Then::CappedGroup | Then::CappedFallback = then {
+                    // The search above failed; now the heap cannot grow.
+                    // The group searches once more, and a thread that
+                    // takes the fallback owes the heap the full scavenge.
+                    c.grow_cap.store(1, Ordering::SeqCst);
+                    let block = match then {
+                        Then::CappedGroup => {
+                            assert!(heap.await_growth(1, &host), "no search again");
+                            heap.try_alloc_aligned(256, 16, 0)
+                        }
+                        _ => heap.alloc_fallback(256, class_of(256).unwrap(), 0),
+                    };
+                    let block = block.unwrap_or_else(|e| panic!("{then:?}: {e:?}"));
+                    assert_eq!(c.pages_retired.load(Ordering::SeqCst), 1);
+                    heap.free(block, 0).unwrap();
+                    heap.check_invariants().unwrap();
+                    assert!(heap.stats().is_empty());
+                    continue;
+                }
+                let stop = AtomicBool::new(false);
+                let service = Service {
+                    bell: &bell,
+                    stop: &stop,
+                    cap: pages as u32,
+                };
+                let way = match then {
+                    Then::RefusedGroup => Way::Group,
+                    _ => Way::Alone,
+                };
+                std::thread::scope(|sc| {
+                    let svc = sc.spawn(|| service.run(&owned.heap()));
+                    let block = alloc(&heap, way, size, 0, &host);
+                    stop.store(true, Ordering::Release);
+                    assert_eq!(svc.join().unwrap(), 0, "grew past its cap");
+                    block
+                })
+                .unwrap_or_else(|e| panic!("{then:?}: {e:?}"))
+            }
+        };
+        assert_eq!(c.pages_retired.load(Ordering::SeqCst), pages, "{then:?}");
+        assert_eq!(heap.stats().failed_allocs, 0, "{then:?}");
         heap.free(block, 0).unwrap();
         heap.check_invariants().unwrap();
         assert!(heap.stats().is_empty());

@@ -199,7 +199,9 @@ fn during_launch(
             cap = h.capacity();
         }
         if std::env::var_os("CUHEAP_GROWTH_TRACE").is_some() {
-            for _ in 0..if serve { 3 } else { 1 } {
+            // Growth varies from launch to launch: three of those.
+            let traces = if serve { 3 } else { 1 };
+            for _ in 0..traces {
                 trace(gpu, b, name, start, growable, serve)?;
             }
         }
@@ -223,9 +225,10 @@ fn keep_heap(gpu: &Gpu, start: usize, growable: bool) -> Result<DeviceHeap> {
 
 /// `CUHEAP_GROWTH_TRACE=1`: one more launch of the keep case on a heap
 /// made as in [`during_launch`], with the device clock read by each warp
-/// before and after its allocation; prints, per 0.1 ms of the launch,
-/// the warps that started and ended in it and how long their
-/// allocations took (to find where a launch that grows spends its time).
+/// before and after its allocation; prints, for each 0.1 ms of the launch
+/// in which any warp started or ended, those warps and how long the
+/// allocations of those that started took (to find where a launch that
+/// grows spends its time).
 fn trace(
     gpu: &Gpu,
     b: &Buffers,
@@ -235,17 +238,11 @@ fn trace(
     serve: bool,
 ) -> Result<()> {
     let n = KEEP_THREADS;
-    let warps = n as usize / 32;
+    let warps = n.div_ceil(32) as usize;
     let clock = gpu.alloc_zeroed(warps * 16)?;
     let h = keep_heap(gpu, start, growable)?;
     let svc = if serve { Some(h.serve()?) } else { None };
     b.ptrs.zero()?;
-    let host_ns = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    };
-    let launched = host_ns();
     // SAFETY: `b.ptrs` holds n pointers, `b.errors` two u32s and `clock`
     // two words per warp; all outlive the launch, which `gpu.time` waits
     // for.
@@ -266,12 +263,18 @@ fn trace(
     let e = b.errors()?;
     let mut t = vec![0u64; warps * 2];
     clock.read(0, &mut t)?;
-    let t0 = t.iter().step_by(2).copied().min().unwrap_or(0);
-    let end = t.iter().skip(1).step_by(2).copied().max().unwrap_or(0);
+    // Every warp wrote both words (the clock is never 0), in order.
+    let clocks: Vec<[u64; 2]> = t.chunks(2).map(|w| [w[0], w[1]]).collect();
+    if clocks.iter().any(|&[a, b]| a == 0 || b < a) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "growth trace of {name}: a warp wrote no clock or a clock that runs back"
+        )));
+    }
+    let t0 = clocks.iter().map(|w| w[0]).min().unwrap_or(0);
+    let end = clocks.iter().map(|w| w[1]).max().unwrap_or(0);
     eprintln!(
-        "TRACE {name}: {ms:.3} ms by events, {:.3} ms first warp start to last warp end, first start {:.3} ms after the host's launch call (if the device clock is the host's), nulls {}, errors {}, growth {:?}",
+        "TRACE {name}: {ms:.3} ms by events, {:.3} ms first warp start to last warp end, nulls {}, errors {}, growth {:?}",
         (end - t0) as f64 / 1e6,
-        t0 as f64 / 1e6 - launched as f64 / 1e6,
         e[0],
         e[1],
         h.growth_stats()
@@ -280,12 +283,15 @@ fn trace(
     let bins = ((end - t0) / BIN + 1) as usize;
     let mut started = vec![Vec::new(); bins];
     let mut ended = vec![0u32; bins];
-    for w in t.chunks(2) {
-        started[((w[0] - t0) / BIN) as usize].push((w[1] - w[0]) as f64 / 1e3);
-        ended[((w[1] - t0) / BIN) as usize] += 1;
+    for [a, b] in clocks {
+        started[((a - t0) / BIN) as usize].push((b - a) as f64 / 1e3);
+        ended[((b - t0) / BIN) as usize] += 1;
     }
     eprintln!("TRACE ms | warps started | warps ended | alloc us of the started: median / p99 / max | over 20 us");
     for (i, (mut d, e)) in started.into_iter().zip(ended).enumerate() {
+        if d.is_empty() && e == 0 {
+            continue;
+        }
         let slow = d.iter().filter(|&&x| x > 20.0).count();
         d.sort_by(f64::total_cmp);
         let at = |q: f64| {

@@ -32,7 +32,8 @@ pub struct Run<W> {
 
 /// A slot's cache entry while one thread installs a page there.
 pub(super) const INSTALLING: u32 = u32::MAX;
-/// Slots whose lists are tried before a fresh page.
+/// Slots whose lists are tried before a fresh page, and whose parked
+/// pages a heap that can grow retires before it grows (`scavenge_near`).
 const NEAR_SLOTS: u32 = 4;
 /// Passes of the last-resort scan while it sees free blocks in transit.
 const SCAN_ROUNDS: u32 = 8;
@@ -129,6 +130,15 @@ impl<W: Word> Heap<'_, W> {
     fn fallback_here(&self, size: usize, class: u32, slot: u32) -> Result<*mut u8, AllocError> {
         if page_units(class) > 1 {
             return self.alloc_span(size, slot);
+        }
+        // A search while the heap could grow may have left far slots'
+        // parked pages to growth, which is now refused or stopped.
+        let owed = self.counters.scavenge_owed.load(Ordering::Relaxed) != 0;
+        if owed && !self.may_grow() && self.scavenge() > 0 {
+            if let Ok(mut g) = self.reserve(class, 1, slot) {
+                let run = self.claim(&mut g);
+                return Ok(self.run_addr(&run, class, 0));
+            }
         }
         Err(self.count_failure(AllocError::OutOfMemory, size))
     }
@@ -310,16 +320,21 @@ impl<W: Word> Heap<'_, W> {
         None
     }
 
-    /// Retires empty parked pages before the heap asks to grow or fails:
-    /// those of every slot, or on a heap that can grow, of `slot` and its
-    /// neighbours only, then it grows. On an H100 a scavenge of every slot
-    /// while a kernel ran took up to 2.6 ms (3.6 ms before its loads
-    /// overlapped), and the asking warp and the warps queued behind its
-    /// slot's install waited for it. The whole heap's parked pages are
-    /// retired once it cannot grow, here and in `last_resort`, and by a
-    /// trim between launches.
+    /// Retires empty parked pages for a search that found no fresh page,
+    /// after it asked to grow (or before it fails): those of every slot,
+    /// or on a heap that can grow, only those of `slot` and its
+    /// neighbours. On an H100 the asking thread's scavenge of every slot
+    /// held its warp, and the warps queued behind its slot's install, for
+    /// up to 3.6 ms while a kernel ran (2.6 ms with its loads
+    /// overlapped). The whole heap's parked pages are retired once it
+    /// cannot grow (a refusal or a stopped service sends waiting threads
+    /// to one more search) and by a trim between launches.
     pub(super) fn scavenge_near(&self, slot: u32) {
         if self.may_grow() {
+            let owed = &self.counters.scavenge_owed;
+            if owed.load(Ordering::Relaxed) == 0 {
+                owed.store(1, Ordering::Relaxed);
+            }
             self.scavenge_slots(slot, NEAR_SLOTS);
         } else {
             self.scavenge();

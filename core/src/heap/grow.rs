@@ -11,8 +11,9 @@
 //!    `grow_want`, in device memory, right there: the first to ask for a
 //!    step also looks through the other slots' lists of its class and the
 //!    empty pages parked near its slot (which may serve it; every slot's
-//!    only once the heap cannot grow), the others give up the search at
-//!    once. A waiting
+//!    once the heap cannot grow: a refusal or a stopped service sends the
+//!    waiting threads to one more search), the others give up the search
+//!    at once. A waiting
 //!    thread rings when the ask is above `grow_rung`, the largest ask rung
 //!    so far, and it raised `grow_rung`: it takes a ticket
 //!    (`grow_requests`) and writes it to the doorbell. A burst of threads
@@ -109,6 +110,12 @@ impl<W: Word> Heap<'_, W> {
                 return Err(self.count_failure(AllocError::OutOfMemory, size));
             }
             if !self.wait_for_growth(seen, refusals, pages_for(size, align), host) {
+                if !self.may_grow() {
+                    // Refused or stopped: one more search, which now
+                    // retires every slot's parked pages (see
+                    // `scavenge_near`); then the failure is final.
+                    continue;
+                }
                 return self.last_resort(size, align, slot);
             }
         }
@@ -120,19 +127,24 @@ impl<W: Word> Heap<'_, W> {
     /// (false: the caller goes on alone, through
     /// [`Heap::alloc_growing`]). A failed search leaves an ask above the
     /// limit (`grow_want`); none is pending when the host has answered it
-    /// since, and the group searches again at once.
+    /// since, and the group searches again at once. A host that refuses
+    /// or stops also means one more search (true): the heap cannot grow
+    /// now, so it retires every slot's parked pages, which the failed
+    /// search, on a heap that could grow, left to the host.
     #[cold]
     #[inline(never)]
     pub fn await_growth<G: GrowHost>(&self, pages: u32, host: &G) -> bool {
         let seen = self.limit();
         let refusals = self.counters.grow_refusals.load(Ordering::Acquire);
         if !self.may_grow() {
-            return false;
+            // Growth was refused or stopped since the search, which may
+            // have left far slots' parked pages to it: one more search.
+            return self.counters.scavenge_owed.load(Ordering::Relaxed) != 0;
         }
         if self.counters.grow_want.load(Ordering::Acquire) <= seen as u64 {
             return true; // answered since the search failed
         }
-        self.wait_for_growth(seen, refusals, pages, host)
+        self.wait_for_growth(seen, refusals, pages, host) || !self.may_grow()
     }
 
     /// Asks for `seen + pages` pages and waits until the limit passes
@@ -194,18 +206,10 @@ impl<W: Word> Heap<'_, W> {
         }
     }
 
-    /// The host could not help: the full search (every slot's parked
-    /// pages, and every page of the class, which a pending ask skips), then
-    /// a counted failure.
+    /// The host did not answer in time: the search of every page of the
+    /// class (which a pending ask skips), then a counted failure.
     #[cold]
     fn last_resort(&self, size: usize, align: usize, slot: u32) -> Result<*mut u8, AllocError> {
-        // The parked pages of every slot (a heap that may grow retires
-        // only those near the asking slot: `scavenge_near`).
-        if self.scavenge() > 0 {
-            if let Ok(p) = self.try_alloc_aligned(size, align, slot) {
-                return Ok(p);
-            }
-        }
         if let Some(class) = class_of_aligned(size, align) {
             if self.reserve_by_scan_or_fail(class, slot).is_ok() {
                 if let Ok(p) = self.try_alloc_aligned(size, align, slot) {

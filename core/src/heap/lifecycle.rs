@@ -93,6 +93,10 @@ impl<W: Word> Heap<'_, W> {
     /// them. Returns how many it retired.
     #[inline(never)]
     pub fn scavenge(&self) -> u32 {
+        let owed = &self.counters.scavenge_owed;
+        if owed.load(Ordering::Relaxed) != 0 {
+            owed.store(0, Ordering::Relaxed);
+        }
         self.scavenge_slots(0, self.slots)
     }
 
@@ -101,7 +105,7 @@ impl<W: Word> Heap<'_, W> {
     #[inline(never)]
     pub(super) fn scavenge_slots(&self, from: u32, count: u32) -> u32 {
         let mut retired = 0;
-        for slot in (0..count.min(self.slots)).map(|k| from.wrapping_add(k) % self.slots) {
+        for slot in self.slots_from(from, count) {
             let empty = per_class(self.slot_row(self.lists, slot), |h| {
                 PageList::new(h).is_empty()
             });
@@ -132,6 +136,12 @@ impl<W: Word> Heap<'_, W> {
         retired + self.scavenge_current(from, count)
     }
 
+    /// `count` slots (at most all) from `from`, wrapping.
+    fn slots_from(&self, from: u32, count: u32) -> impl Iterator<Item = u32> {
+        let (n, from) = (self.slots, from % self.slots);
+        (0..count.min(n)).map(move |k| (from + k) % n)
+    }
+
     /// Detaches the empty current pages of `count` slots from `from` (every
     /// class) and lets
     /// them settle (retire), as a full page is detached: without it, a
@@ -147,7 +157,7 @@ impl<W: Word> Heap<'_, W> {
     /// was retired or serves another class by then.
     fn scavenge_current(&self, from: u32, count: u32) -> u32 {
         let before = self.counters.pages_retired.load(Ordering::Relaxed);
-        for slot in (0..count.min(self.slots)).map(|k| from.wrapping_add(k) % self.slots) {
+        for slot in self.slots_from(from, count) {
             let held = per_class(self.slot_row(self.cache, slot), |c| {
                 c.load(Ordering::Relaxed) != 0
             });
@@ -178,16 +188,12 @@ impl<W: Word> Heap<'_, W> {
     }
 }
 
-/// `f` of each word of a slot's row (see [`Heap::slot_row`]), all read
-/// before any result is used: on a GPU the loads then overlap instead of
-/// each waiting for the one before. A scavenge reads two words per class
-/// of every slot (11,616 on an H100, where one at a time it took up to
-/// 3.6 ms under a running kernel).
+/// `f` of each word of a slot's row (see [`Heap::slot_row`]), as bits,
+/// all read before any result is used: on a GPU the loads then overlap
+/// instead of each waiting for the one before. A scavenge reads two words
+/// per class of every slot (11,616 on an H100).
 #[inline(always)]
-fn per_class<A>(row: &[A], f: impl Fn(&A) -> bool) -> u64 {
-    let Some(row) = row.first_chunk::<CLASS_COUNT>() else {
-        return u64::MAX;
-    };
+fn per_class<A>(row: &[A; CLASS_COUNT], f: impl Fn(&A) -> bool) -> u64 {
     // Straight-line code: a loop is unrolled four times at most, which
     // leaves four loads in flight instead of a row's.
     macro_rules! bits {

@@ -352,9 +352,12 @@ impl<'a, W: Word> Heap<'a, W> {
     /// Slot `slot`'s words of `table` (its list heads or current pages),
     /// one per class.
     #[inline(always)]
-    pub(super) fn slot_row<A>(&self, table: &'a [A], slot: u32) -> &'a [A] {
+    pub(super) fn slot_row<A>(&self, table: &'a [A], slot: u32) -> &'a [A; CLASS_COUNT] {
         let base = (slot % self.slots) as usize * CLASS_COUNT;
-        &table[base..base + CLASS_COUNT]
+        match table[base..base + CLASS_COUNT].first_chunk() {
+            Some(row) => row,
+            None => unreachable!("a row is CLASS_COUNT words"),
+        }
     }
 
     #[inline(always)]
