@@ -50,6 +50,8 @@ pub struct Counters {
     pub grow_cap: AtomicU64,
     /// Waits for growth that ended in the timeout (the host did not answer).
     pub grow_timeouts: AtomicU64,
+    /// Times a thread (or a warp's group, as one) waited for growth.
+    pub grow_waits: AtomicU64,
     /// 1 while a search on a heap that could grow left the parked pages of
     /// far slots to growth (`scavenge_near`) and no scavenge of every
     /// slot ran since: an allocation about to fail for good runs one.
@@ -79,6 +81,7 @@ impl Counters {
             grow_refusals: AtomicU64::new(0),
             grow_cap: AtomicU64::new(0),
             grow_timeouts: AtomicU64::new(0),
+            grow_waits: AtomicU64::new(0),
             scavenge_owed: AtomicU64::new(0),
             placement: AtomicU64::new(0),
         }
@@ -161,6 +164,8 @@ pub struct Stats {
     pub grow_refusals: u64,
     /// Waits for growth that timed out.
     pub grow_timeouts: u64,
+    /// Times a thread, or a warp's group as one, waited for growth.
+    pub grow_waits: u64,
 }
 
 impl Stats {
@@ -186,6 +191,7 @@ impl Stats {
             grow_requests: counters.grow_requests.load(Ordering::Relaxed),
             grow_refusals: counters.grow_refusals.load(Ordering::Relaxed),
             grow_timeouts: counters.grow_timeouts.load(Ordering::Relaxed),
+            grow_waits: counters.grow_waits.load(Ordering::Relaxed),
         };
         for d in descs {
             match decode_kind(d.kind.load(Ordering::Relaxed)) {

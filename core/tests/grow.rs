@@ -172,6 +172,8 @@ fn run(threads: usize, per_thread: usize, cap: u32, way: Way) -> (usize, u64, u3
     assert_eq!(s.failed_allocs as usize, threads * per_thread - got.len());
     // Every wait was answered (a refusal answers too): none timed out.
     assert_eq!(s.grow_timeouts, 0, "{s:?}");
+    // Threads waited for each step the host took.
+    assert!(s.grow_waits >= steps as u64, "{s:?}, {steps} steps");
     for (p, _) in &got {
         heap.free(*p as *mut u8, 0).unwrap();
     }

@@ -170,6 +170,13 @@ impl DeviceHeap {
         GrowthService::start(self.grower()?)
     }
 
+    /// How many times threads of kernels waited for growth so far (a
+    /// warp's lanes of one class that wait as one count once), read from
+    /// the device.
+    pub fn growth_waits(&self) -> Result<u64> {
+        Ok(self.counters()?.grow_waits.into_inner())
+    }
+
     /// Why the growth service last refused to grow the heap (the
     /// device's or the reservation's limit, or a driver error), if it did.
     pub fn growth_refusal(&self) -> Option<String> {

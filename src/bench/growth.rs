@@ -7,13 +7,16 @@
 //!   growable heap mapped big enough beforehand and on a fixed heap:
 //!   CUDA events around the launch, every block filled and checked
 //!   afterwards (untimed);
+//! - a series of 32 launches that each keep 32 MiB more, from 64 MiB to
+//!   1 GiB, served and mapped before, with the launches in which a
+//!   thread waited for growth;
 //! - what the machinery costs when no growth is needed: the pair kernel
 //!   at 1M x 16 B on a served growable heap against a fixed heap, runs
 //!   interleaved.
 
 use super::device::{fill_and_check, Buffers};
 use super::median;
-use crate::{DeviceHeap, Gpu, LaunchConfig, Result};
+use crate::{DeviceHeap, DevicePtr, Gpu, LaunchConfig, Result};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -26,6 +29,9 @@ pub struct Row {
     pub runs: usize,
     /// Growth steps taken while the kernel ran (median run).
     pub live_steps: u64,
+    /// Of a series of launches, those in which a thread waited for
+    /// growth (median run); `None` for single launches.
+    pub waited: Option<u32>,
     /// Heap capacity at the end, bytes.
     pub capacity: usize,
     pub nulls: u32,
@@ -49,16 +55,17 @@ impl Report {
 
     pub fn table(&self) -> String {
         let mut out = String::from(
-            "| case | allocator | median ms | runs | growth steps in the launch | capacity at the end | nulls | errors |\n|---|---|---|---|---|---|---|---|\n",
+            "| case | allocator | median ms | runs | growth steps while kernels ran | launches that waited | capacity at the end | nulls | errors |\n|---|---|---|---|---|---|---|---|---|\n",
         );
         for r in &self.rows {
             out += &format!(
-                "| {} | {} | {:.3} | {} | {} | {} MiB | {} | {} |\n",
+                "| {} | {} | {:.3} | {} | {} | {} | {} MiB | {} | {} |\n",
                 r.case,
                 r.allocator,
                 r.median_ms,
                 r.runs,
                 r.live_steps,
+                r.waited.map_or("-".into(), |w| w.to_string()),
                 r.capacity >> 20,
                 r.nulls,
                 r.errors
@@ -84,6 +91,8 @@ pub fn run(gpu: &Gpu, reps: usize, mut progress: impl FnMut(&str)) -> Result<Rep
     progress("growth between launches");
     between_launches(gpu, reps, &mut report)?;
     during_launch(gpu, &b, reps, &mut report, &mut progress)?;
+    progress("a series of launches that grow the heap");
+    series(gpu, &b, reps, &mut report)?;
     progress("growth machinery, no growth needed");
     no_growth_needed(gpu, &b, reps, &mut report)?;
     Ok(report)
@@ -96,6 +105,7 @@ fn row(case: &'static str, allocator: String, mut ms: Vec<f64>, capacity: usize)
         runs: ms.len(),
         median_ms: median(&mut ms),
         live_steps: 0,
+        waited: None,
         capacity,
         nulls: 0,
         errors: 0,
@@ -207,6 +217,81 @@ fn during_launch(
         }
         let mut r = row(case, name.into(), ms, cap);
         r.live_steps = median(&mut steps) as u64;
+        (r.nulls, r.errors) = (errs[0], errs[1]);
+        report.rows.push(r);
+    }
+    Ok(())
+}
+
+/// Launches of [`SERIES_THREADS`] threads in a series.
+const SERIES_LAUNCHES: u32 = 32;
+/// Threads of each launch of the series, each keeping 1 KiB: 32 MiB a
+/// launch, 1 GiB after the series.
+const SERIES_THREADS: u32 = 1 << 15;
+
+/// A series of launches that each keep 32 MiB more, from a 64 MiB heap
+/// to 1 GiB, as a program whose output grows from kernel to kernel:
+/// served, and on a heap mapped to 2 GiB before. Time: the sum of CUDA
+/// events around each launch. Also counted: the launches in which a
+/// thread waited for growth. Every block is checked afterwards.
+fn series(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) -> Result<()> {
+    let (n, k) = (SERIES_THREADS, SERIES_LAUNCHES);
+    let cfg = LaunchConfig::for_threads(n);
+    let case = "32 launches keep 32 MiB more each (1 KiB per thread, 1 GiB at the end)";
+    // (name, bytes mapped at the start, served)
+    let heaps = [
+        (
+            "cuheap, growing from 64 MiB while the kernels run",
+            START,
+            true,
+        ),
+        (
+            "cuheap, growable heap mapped to 2 GiB before",
+            2 << 30,
+            false,
+        ),
+    ];
+    for (name, start, serve) in heaps {
+        let (mut ms, mut waited, mut steps, mut errs, mut cap) =
+            (Vec::new(), Vec::new(), Vec::new(), [0u32; 2], 0);
+        for rep in 0..=reps {
+            let h = keep_heap(gpu, start, true)?;
+            let svc = if serve { Some(h.serve()?) } else { None };
+            b.ptrs.zero()?;
+            let (mut total, mut waits) = (0.0, 0u32);
+            for launch in 0..k {
+                let before = h.growth_waits()?;
+                let ptrs = DevicePtr::from_raw(
+                    b.ptrs.as_ptr::<*mut u8>().addr() + (launch * n) as u64 * 8,
+                );
+                // SAFETY: `ptrs` is n of the pointers of `b.ptrs` (which
+                // holds k * n), `b.errors` two u32s; the heap and both
+                // buffers outlive the launch, which `gpu.time` waits for.
+                total += gpu.time(|| unsafe {
+                    b.kernels
+                        .alloc_cuheap(&cfg, &h, n, KEEP_SIZE, ptrs, b.errors.as_ptr())
+                })? as f64;
+                waits += u32::from(h.growth_waits()? > before);
+            }
+            let live = h.growth_stats().live_steps;
+            drop(svc);
+            // SAFETY: `b.ptrs` holds the k * n blocks the launches made.
+            unsafe { fill_and_check(&b.kernels, &b.ptrs, &b.errors, n * k, KEEP_SIZE, true)? };
+            gpu.sync()?;
+            let e = b.errors()?;
+            let st = h.stats()?;
+            errs[0] += e[0];
+            errs[1] += e[1] + u32::from(st.blocks() != (n * k) as u64);
+            if rep > 0 {
+                ms.push(total);
+                waited.push(waits as f64);
+                steps.push(live as f64);
+            }
+            cap = h.capacity();
+        }
+        let mut r = row(case, name.into(), ms, cap);
+        r.live_steps = median(&mut steps) as u64;
+        r.waited = Some(median(&mut waited) as u32);
         (r.nulls, r.errors) = (errs[0], errs[1]);
         report.rows.push(r);
     }

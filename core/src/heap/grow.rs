@@ -156,6 +156,7 @@ impl<W: Word> Heap<'_, W> {
             return false;
         }
         let want = seen as u64 + pages as u64;
+        Counters::bump(&c.grow_waits, 1);
         let start = host.now_ns();
         let mut round = 0;
         loop {
