@@ -52,10 +52,6 @@ pub struct Counters {
     pub grow_timeouts: AtomicU64,
     /// Times a thread (or a warp's group, as one) waited for growth.
     pub grow_waits: AtomicU64,
-    /// 1 while a search on a heap that could grow left the parked pages of
-    /// far slots to growth (`scavenge_near`) and no scavenge of every
-    /// slot ran since: an allocation about to fail for good runs one.
-    pub scavenge_owed: AtomicU64,
     /// How fresh pages are placed: [`Placement`](crate::heap::Placement)
     /// bits, set by the heap's owner (0, the default: first fit from each
     /// slot's own part of the heap, what thousands of GPU threads need).
@@ -82,7 +78,6 @@ impl Counters {
             grow_cap: AtomicU64::new(0),
             grow_timeouts: AtomicU64::new(0),
             grow_waits: AtomicU64::new(0),
-            scavenge_owed: AtomicU64::new(0),
             placement: AtomicU64::new(0),
         }
     }

@@ -5,7 +5,7 @@
 #![cfg(not(loom))]
 
 use cuheap_core::heap::GrowHost;
-use cuheap_core::size_class::{class_of, page_units, span_pages, PAGE_SIZE};
+use cuheap_core::size_class::{class_of, page_units, PAGE_SIZE};
 use cuheap_core::{AllocError, Heap, OwnedHeap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -75,10 +75,11 @@ impl Service<'_> {
 enum Way {
     /// On its own (`alloc_growing`), as a GPU thread's slow path does.
     Alone,
-    /// As a warp's group does on the GPU (`warp_alloc`): search; after a
-    /// failure, wait for growth as one (`await_growth`) and search again;
-    /// after 64 waits, or when waiting cannot help, go on alone (or to the
-    /// fallback, on a heap that cannot grow).
+    /// As a warp's group does on the GPU (`warp_alloc`, class sizes; spans
+    /// go alone): search; after a failure, wait for growth as one
+    /// (`await_growth`) and search again; after 64 waits, or when waiting
+    /// cannot help, go on alone (or to the fallback, on a heap that cannot
+    /// grow).
     Group,
 }
 
@@ -89,20 +90,23 @@ fn alloc(
     slot: u32,
     host: &Cpu,
 ) -> Result<*mut u8, AllocError> {
-    if let Way::Group = way {
-        let pages = class_of(size).map_or(span_pages(size) as u32, page_units);
+    if let (Way::Group, Some(class)) = (way, class_of(size)) {
+        // As `warp_alloc` does with its leader's `reserve`.
         for _ in 0..64 {
-            match heap.try_alloc_aligned(size, 16, slot) {
-                Err(AllocError::OutOfMemory) => {}
-                r => return r,
-            }
-            if !heap.await_growth(pages, host) {
+            let deferred = match heap.reserve(class, 1, slot) {
+                Ok(mut g) => {
+                    let run = heap.claim(&mut g);
+                    return Ok(heap.run_addr(&run, class, 0));
+                }
+                Err(e) => e == AllocError::Growing,
+            };
+            if !heap.await_growth(page_units(class), deferred, host) {
                 break;
             }
         }
         // The kernel's lanes then go on alone while the heap may grow,
-        // else (class sizes) to the fallback.
-        if let (false, Some(class)) = (heap.may_grow(), class_of(size)) {
+        // else to the fallback.
+        if !heap.may_grow() {
             return heap.alloc_fallback(size, class, slot);
         }
     }
@@ -277,8 +281,8 @@ enum Then {
     /// Another thread's refusal capped the heap before the group waits:
     /// it searches once more.
     CappedGroup,
-    /// The same, for a thread that takes the fallback at once.
-    CappedFallback,
+    /// The same, for a thread that searches anew: in full.
+    CappedSearch,
     /// A span (one page), whose host refuses.
     SpanRefused,
 }
@@ -295,7 +299,7 @@ fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
         (5, Then::RefusedAlone),
         (5, Then::RefusedGroup),
         (5, Then::CappedGroup),
-        (5, Then::CappedFallback),
+        (5, Then::CappedSearch),
         (5, Then::SpanRefused),
     ];
     for (parked_on, then) in cases {
@@ -323,7 +327,14 @@ fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
             Then::SpanRefused => PAGE_SIZE + 1,
             _ => 256,
         };
-        let got = heap.try_alloc_aligned(size, 16, 0);
+        // As a warp's leader searches (`reserve`), a span as `alloc`.
+        let got = match class_of(size) {
+            Some(class) => heap.reserve(class, 1, 0).map(|mut g| {
+                let run = heap.claim(&mut g);
+                heap.run_addr(&run, class, 0)
+            }),
+            None => heap.try_alloc_aligned(size, 16, 0),
+        };
         assert!(
             c.grow_want.load(Ordering::SeqCst) > pages,
             "{then:?}: no ask"
@@ -334,20 +345,27 @@ fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
         let block = match then {
             Then::Near => got.unwrap(),
             _ => {
-                // The far page (slot 5) stays parked.
-                assert_eq!(got, Err(AllocError::OutOfMemory), "{then:?}");
+                // The far page (slot 5) stays parked: left to growth.
+                let left = match then {
+                    Then::SpanRefused => AllocError::OutOfMemory,
+                    _ => AllocError::Growing,
+                };
+                assert_eq!(got, Err(left), "{then:?}");
                 assert_eq!(c.pages_retired.load(Ordering::SeqCst), 0, "{then:?}");
-                if let Then::CappedGroup | Then::CappedFallback = then {
-                    // The search above failed; now the heap cannot grow.
-                    // The group searches once more, and a thread that
-                    // takes the fallback owes the heap the full scavenge.
+                if let Then::CappedGroup | Then::CappedSearch = then {
+                    // The search above left pages to growth; now the heap
+                    // cannot grow. The group searches once more (and one
+                    // whose search was full does not), and that search, as
+                    // any search now, retires every slot's parked pages.
                     c.grow_cap.store(1, Ordering::SeqCst);
                     let block = match then {
                         Then::CappedGroup => {
-                            assert!(heap.await_growth(1, &host), "no search again");
+                            // The search above left pages to growth.
+                            assert!(heap.await_growth(1, true, &host), "no search again");
+                            assert!(!heap.await_growth(1, false, &host));
                             heap.try_alloc_aligned(256, 16, 0)
                         }
-                        _ => heap.alloc_fallback(256, class_of(256).unwrap(), 0),
+                        _ => heap.try_alloc_aligned(256, 16, 0),
                     };
                     let block = block.unwrap_or_else(|e| panic!("{then:?}: {e:?}"));
                     assert_eq!(c.pages_retired.load(Ordering::SeqCst), 1);

@@ -25,7 +25,7 @@ use crate::arch::{
 };
 use cuheap_core::heap::{copy_block, GrowHost, Located};
 use cuheap_core::size_class::{class_of, class_of_aligned, page_units, MAX_BLOCKS_PER_PAGE};
-use cuheap_core::{Grant, Heap, HeapHandle, Resize, Word};
+use cuheap_core::{AllocError, Grant, Heap, HeapHandle, Resize, Word};
 
 /// The GPU's side of growth while a kernel runs (see `cuheap_core`'s
 /// `grow`): the doorbell is host memory mapped into the device, waiting
@@ -212,12 +212,15 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class
     };
     let mut result = core::ptr::null_mut();
     let mut waits = 0u32;
+    // Whether the leader's last search left pages to growth.
+    let mut deferred = false;
     loop {
         let (mut page, mut word, mut mask) = (0u32, 0u32, 0u32);
         if lane == leader {
             if grant.count == 0 {
-                if let Ok(g) = heap.reserve(class, remaining, slot) {
-                    grant = g;
+                match heap.reserve(class, remaining, slot) {
+                    Ok(g) => grant = g,
+                    Err(e) => deferred = e == AllocError::Growing,
                 }
             }
             if grant.count > 0 {
@@ -235,7 +238,7 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class
             // searches again: one request and one search per group, not
             // per thread.
             waits += 1;
-            let again = lane == leader && heap.await_growth(page_units(class), &Gpu);
+            let again = lane == leader && heap.await_growth(page_units(class), deferred, &Gpu);
             // SAFETY: as above.
             if unsafe { shfl(peers, again as u32, leader) } != 0 {
                 continue;

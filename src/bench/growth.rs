@@ -228,6 +228,8 @@ const SERIES_LAUNCHES: u32 = 32;
 /// Threads of each launch of the series, each keeping 1 KiB: 32 MiB a
 /// launch, 1 GiB after the series.
 const SERIES_THREADS: u32 = 1 << 15;
+// The series keeps its blocks in the keep case's pointer buffer.
+const _: () = assert!(SERIES_LAUNCHES * SERIES_THREADS <= KEEP_THREADS);
 
 /// A series of launches that each keep 32 MiB more, from a 64 MiB heap
 /// to 1 GiB, as a program whose output grows from kernel to kernel:

@@ -131,15 +131,6 @@ impl<W: Word> Heap<'_, W> {
         if page_units(class) > 1 {
             return self.alloc_span(size, slot);
         }
-        // A search while the heap could grow may have left far slots'
-        // parked pages to growth, which is now refused or stopped.
-        let owed = self.counters.scavenge_owed.load(Ordering::Relaxed) != 0;
-        if owed && !self.may_grow() && self.scavenge() > 0 {
-            if let Ok(mut g) = self.reserve(class, 1, slot) {
-                let run = self.claim(&mut g);
-                return Ok(self.run_addr(&run, class, 0));
-            }
-        }
         Err(self.count_failure(AllocError::OutOfMemory, size))
     }
 
@@ -159,7 +150,10 @@ impl<W: Word> Heap<'_, W> {
     /// bulk entry point behind warp aggregation. The grant may hold fewer
     /// than `want` blocks when the page fills; ask again for the rest.
     /// Out of memory is not counted here: callers finish with
-    /// [`Heap::alloc_fallback`], which counts what finally fails.
+    /// [`Heap::alloc_fallback`], which counts what finally fails. On a
+    /// heap a host grows while kernels run, [`AllocError::Growing`] says
+    /// the search left pages to growth: wait ([`Heap::await_growth`]) and
+    /// reserve again.
     #[inline(always)]
     pub fn reserve(&self, class: u32, want: u32, slot: u32) -> Result<Grant, AllocError> {
         if class as usize >= CLASS_COUNT || want == 0 {
@@ -246,7 +240,7 @@ impl<W: Word> Heap<'_, W> {
             // The heap was found full and the host is adding pages: wait
             // for them (`alloc_growing`) rather than queue behind one
             // installer per slot to find it full again.
-            return Err(AllocError::OutOfMemory);
+            return Err(AllocError::Growing);
         }
         let cache = self.slot_cache(class, slot);
         if cache
@@ -256,15 +250,21 @@ impl<W: Word> Heap<'_, W> {
             return Ok(()); // someone else is installing or installed one
         }
         match self.acquire_page(class, slot) {
-            Some(p) => {
+            Ok(p) => {
                 cache.store(p + 1, Ordering::Release);
                 Ok(())
             }
-            None => {
+            Err(deferred) => {
                 cache.store(0, Ordering::Release);
                 if self.may_grow() {
                     // Growing beats a scan of every page (see `grow`).
-                    return Err(AllocError::OutOfMemory);
+                    return Err(AllocError::Growing);
+                }
+                if deferred {
+                    // Growth was refused or stopped since the search left
+                    // pages to it: search again (`reserve` loops), now in
+                    // full.
+                    return Ok(());
                 }
                 self.reserve_by_scan_or_fail(class, slot)
             }
@@ -273,8 +273,11 @@ impl<W: Word> Heap<'_, W> {
 
     /// A page for `class`, attached to nobody yet (state `ATTACHED`): this
     /// slot's list, nearby slots' lists, a fresh page, any slot's list,
-    /// then empty pages reclaimed from every list.
-    fn acquire_page(&self, class: u32, slot: u32) -> Option<u32> {
+    /// then empty pages reclaimed from every list (near this slot only,
+    /// on a heap that can grow). `Err(true)`: none, and the search left
+    /// pages to growth (a pending ask, or a scavenge of the near slots
+    /// only); `Err(false)`: none after the full search.
+    fn acquire_page(&self, class: u32, slot: u32) -> Result<u32, bool> {
         let pop = |s: u32| {
             let p = self.list(class, s).pop(self.next_of())?;
             self.descs[p as usize]
@@ -284,11 +287,11 @@ impl<W: Word> Heap<'_, W> {
         };
         for k in 0..NEAR_SLOTS.min(self.slots) {
             if let Some(p) = pop(slot.wrapping_add(k)) {
-                return Some(p);
+                return Ok(p);
             }
         }
         if self.growth_pending() {
-            return None; // the host is adding pages (see `grow`)
+            return Err(true); // the host is adding pages (see `grow`)
         }
         let limit = self.limit();
         let floor = self.fresh_floor(limit);
@@ -300,24 +303,24 @@ impl<W: Word> Heap<'_, W> {
         }
         if let Some(p) = claimed {
             self.activate(p, class);
-            return Some(p);
+            return Ok(p);
         }
         if self.may_grow() && !self.ask_for(limit, units) {
-            return None; // another thread asked for this step first
+            return Err(true); // another thread asked for this step first
         }
         for k in NEAR_SLOTS..self.slots {
             if let Some(p) = pop(slot.wrapping_add(k)) {
-                return Some(p);
+                return Ok(p);
             }
         }
         // Claim again even if this scavenge retired nothing: another
         // thread's may just have freed the units.
-        self.scavenge_near(slot);
+        let deferred = self.scavenge_near(slot);
         if let Some(p) = self.claim_whole(units, self.limit()) {
             self.activate(p, class);
-            return Some(p);
+            return Ok(p);
         }
-        None
+        Err(deferred)
     }
 
     /// Retires empty parked pages for a search that found no fresh page,
@@ -327,17 +330,16 @@ impl<W: Word> Heap<'_, W> {
     /// held its warp, and the warps queued behind its slot's install, for
     /// up to 3.6 ms while a kernel ran (2.6 ms with its loads
     /// overlapped). The whole heap's parked pages are retired once it
-    /// cannot grow (a refusal or a stopped service sends waiting threads
-    /// to one more search) and by a trim between launches.
-    pub(super) fn scavenge_near(&self, slot: u32) {
+    /// cannot grow (a search that left pages to growth is repeated when
+    /// growth is refused or stopped) and by a trim between launches.
+    /// Returns whether it left the far slots to growth.
+    pub(super) fn scavenge_near(&self, slot: u32) -> bool {
         if self.may_grow() {
-            let owed = &self.counters.scavenge_owed;
-            if owed.load(Ordering::Relaxed) == 0 {
-                owed.store(1, Ordering::Relaxed);
-            }
             self.scavenge_slots(slot, NEAR_SLOTS);
+            true
         } else {
             self.scavenge();
+            false
         }
     }
 

@@ -128,18 +128,20 @@ impl<W: Word> Heap<'_, W> {
     /// [`Heap::alloc_growing`]). A failed search leaves an ask above the
     /// limit (`grow_want`); none is pending when the host has answered it
     /// since, and the group searches again at once. A host that refuses
-    /// or stops also means one more search (true): the heap cannot grow
-    /// now, so it retires every slot's parked pages, which the failed
-    /// search, on a heap that could grow, left to the host.
+    /// or stops also means one more search (true), as does a heap that
+    /// cannot grow any more after a search that left pages to growth
+    /// (`deferred`): the heap cannot grow now, so the search retires every
+    /// slot's parked pages.
     #[cold]
     #[inline(never)]
-    pub fn await_growth<G: GrowHost>(&self, pages: u32, host: &G) -> bool {
+    pub fn await_growth<G: GrowHost>(&self, pages: u32, deferred: bool, host: &G) -> bool {
         let seen = self.limit();
         let refusals = self.counters.grow_refusals.load(Ordering::Acquire);
         if !self.may_grow() {
-            // Growth was refused or stopped since the search, which may
-            // have left far slots' parked pages to it: one more search.
-            return self.counters.scavenge_owed.load(Ordering::Relaxed) != 0;
+            // Growth was refused or stopped since a search that left
+            // pages to it (`deferred`: [`Heap::reserve`] said
+            // [`AllocError::Growing`]): one more search, in full.
+            return deferred;
         }
         if self.counters.grow_want.load(Ordering::Acquire) <= seen as u64 {
             return true; // answered since the search failed

@@ -93,10 +93,6 @@ impl<W: Word> Heap<'_, W> {
     /// them. Returns how many it retired.
     #[inline(never)]
     pub fn scavenge(&self) -> u32 {
-        let owed = &self.counters.scavenge_owed;
-        if owed.load(Ordering::Relaxed) != 0 {
-            owed.store(0, Ordering::Relaxed);
-        }
         self.scavenge_slots(0, self.slots)
     }
 

@@ -77,6 +77,11 @@ pub enum AllocError {
     /// An alignment that is not a power of two or exceeds
     /// [`MAX_ALIGN`](crate::size_class::MAX_ALIGN) (the page size).
     BadAlignment,
+    /// From [`Heap::reserve`] only: no page, on a heap that a host grows
+    /// while kernels run. The search left far slots' parked pages to
+    /// growth; the caller waits for it ([`Heap::await_growth`]) and
+    /// searches again. Not counted.
+    Growing,
 }
 
 /// Why a realloc failed. The old block is left as it was, contents
