@@ -92,8 +92,9 @@ fn alloc(
 ) -> Result<*mut u8, AllocError> {
     if let (Way::Group, Some(class)) = (way, class_of(size)) {
         // As `warp_alloc` does with its leader's `reserve`.
-        for _ in 0..64 {
-            let deferred = match heap.reserve(class, 1, slot) {
+        let mut deferred = false;
+        for _ in 0..=64 {
+            deferred = match heap.reserve(class, 1, slot) {
                 Ok(mut g) => {
                     let run = heap.claim(&mut g);
                     return Ok(heap.run_addr(&run, class, 0));
@@ -104,9 +105,9 @@ fn alloc(
                 break;
             }
         }
-        // The kernel's lanes then go on alone while the heap may grow,
-        // else to the fallback.
-        if !heap.may_grow() {
+        // The kernel's lanes then go on alone while the heap may grow, or
+        // after a search that left pages to growth; else to the fallback.
+        if !heap.may_grow() && !deferred {
             return heap.alloc_fallback(size, class, slot);
         }
     }
@@ -281,8 +282,9 @@ enum Then {
     /// Another thread's refusal capped the heap before the group waits:
     /// it searches once more.
     CappedGroup,
-    /// The same, for a thread that searches anew: in full.
-    CappedSearch,
+    /// The same, for a group whose lanes go on alone (its wait ended for
+    /// another reason).
+    CappedAlone,
     /// A span (one page), whose host refuses.
     SpanRefused,
 }
@@ -299,7 +301,7 @@ fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
         (5, Then::RefusedAlone),
         (5, Then::RefusedGroup),
         (5, Then::CappedGroup),
-        (5, Then::CappedSearch),
+        (5, Then::CappedAlone),
         (5, Then::SpanRefused),
     ];
     for (parked_on, then) in cases {
@@ -352,7 +354,7 @@ fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
                 };
                 assert_eq!(got, Err(left), "{then:?}");
                 assert_eq!(c.pages_retired.load(Ordering::SeqCst), 0, "{then:?}");
-                if let Then::CappedGroup | Then::CappedSearch = then {
+                if let Then::CappedGroup | Then::CappedAlone = then {
                     // The search above left pages to growth; now the heap
                     // cannot grow. The group searches once more (and one
                     // whose search was full does not), and that search, as
@@ -365,7 +367,8 @@ fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
                             assert!(!heap.await_growth(1, false, &host));
                             heap.try_alloc_aligned(256, 16, 0)
                         }
-                        _ => heap.try_alloc_aligned(256, 16, 0),
+                        // Its lanes go on alone: one more search.
+                        _ => heap.alloc_growing(256, 16, 0, &host),
                     };
                     let block = block.unwrap_or_else(|e| panic!("{then:?}: {e:?}"));
                     assert_eq!(c.pages_retired.load(Ordering::SeqCst), 1);

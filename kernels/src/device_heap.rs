@@ -247,11 +247,15 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class
         }
         if mask == 0 {
             // No class page: the lanes not yet served go on one by one,
-            // to growth when a host serves it; else the leader's search
-            // was the last word: a span for classes with multi-unit pages
-            // (small heaps), else a counted null.
+            // to growth when a host serves it, or to one more search if
+            // the leader's left pages to growth that has ended since;
+            // else the leader's search was the last word: a span for
+            // classes with multi-unit pages (small heaps), else a counted
+            // null.
+            // SAFETY: as above.
+            let deferred = unsafe { shfl(peers, deferred as u32, leader) } != 0;
             if rank >= 0 {
-                if heap.may_grow() {
+                if heap.may_grow() || deferred {
                     return alloc_slow(heap, size, align);
                 }
                 return heap

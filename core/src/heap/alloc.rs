@@ -57,7 +57,10 @@ impl<W: Word> Heap<'_, W> {
                     let run = self.claim(&mut g);
                     Ok(self.run_addr(&run, class, 0))
                 }
-                Err(_) => self.alloc_fallback(size, class, slot),
+                Err(e) => match self.search_again(class, slot, e == AllocError::Growing) {
+                    Some(p) => Ok(p),
+                    None => self.alloc_fallback(size, class, slot),
+                },
             },
             None => self.alloc_span(size, slot),
         }
@@ -102,15 +105,17 @@ impl<W: Word> Heap<'_, W> {
                     let run = self.claim(&mut g);
                     Ok(self.run_addr(&run, class, 0))
                 }
-                Err(_) => self.try_fallback(size, class, slot),
+                Err(e) => self.try_fallback(size, class, slot, e == AllocError::Growing),
             },
             None => self.try_span(size, slot),
         }
     }
 
-    /// After [`Heap::reserve`] failed for `class`: a class whose pages are
-    /// several units long may still fit as a span of whole units (a small
-    /// or fragmented heap); otherwise the failure is counted here.
+    /// After [`Heap::reserve`] failed for `class` (with a search in full:
+    /// not [`AllocError::Growing`] on a heap that can no longer grow): a
+    /// class whose pages are several units long may still fit as a span of
+    /// whole units (a small or fragmented heap); otherwise the failure is
+    /// counted here.
     ///
     /// Out of line, called with the heap's handle in scalars (see
     /// `Heap::settle`: a view passed by reference stays in local memory
@@ -134,10 +139,33 @@ impl<W: Word> Heap<'_, W> {
         Err(self.count_failure(AllocError::OutOfMemory, size))
     }
 
-    /// [`Heap::alloc_fallback`] without counting a failure.
+    /// A block of `class` from one more search, if the last one was
+    /// `deferred` (left pages to growth: [`AllocError::Growing`]) and the
+    /// heap cannot grow now, so that this one is in full.
+    #[inline(always)]
+    fn search_again(&self, class: u32, slot: u32, deferred: bool) -> Option<*mut u8> {
+        if !deferred || self.may_grow() {
+            return None;
+        }
+        let mut g = self.reserve(class, 1, slot).ok()?;
+        let run = self.claim(&mut g);
+        Some(self.run_addr(&run, class, 0))
+    }
+
+    /// [`Heap::alloc_fallback`] without counting a failure, after one more
+    /// search if the last was `deferred` (see [`Heap::search_again`]).
     #[cold]
     #[inline(never)]
-    fn try_fallback(&self, size: usize, class: u32, slot: u32) -> Result<*mut u8, AllocError> {
+    fn try_fallback(
+        &self,
+        size: usize,
+        class: u32,
+        slot: u32,
+        deferred: bool,
+    ) -> Result<*mut u8, AllocError> {
+        if let Some(p) = self.search_again(class, slot, deferred) {
+            return Ok(p);
+        }
         // A heap that can grow grows instead: a span of a whole unit per
         // block would waste most of it.
         if page_units(class) > 1 && !self.may_grow() {
