@@ -70,6 +70,14 @@ impl Service<'_> {
     }
 }
 
+/// Makes `bell` the heap's doorbell, as a host service publishes its
+/// own: the heap may grow from now on.
+fn publish_bell(heap: &Heap<'_, u64>, bell: &AtomicU64) {
+    heap.counters()
+        .grow_bell
+        .store(bell as *const AtomicU64 as u64, Ordering::SeqCst);
+}
+
 /// How a thread allocates on a heap that may grow.
 #[derive(Clone, Copy)]
 enum Way {
@@ -123,9 +131,7 @@ fn run(threads: usize, per_thread: usize, cap: u32, way: Way) -> (usize, u64, u3
     heap.set_limit(4);
     let bell = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
-    heap.counters()
-        .grow_bell
-        .store(&bell as *const AtomicU64 as u64, Ordering::SeqCst);
+    publish_bell(&heap, &bell);
     let barrier = Barrier::new(threads);
     let service = Service {
         bell: &bell,
@@ -239,9 +245,8 @@ fn pages_freed_below_the_floor_serve_before_an_ask() {
     let owned = OwnedHeap::<u64>::new(64, 1).unwrap();
     let heap = owned.heap();
     let bell = AtomicU64::new(0);
+    publish_bell(&heap, &bell);
     let c = heap.counters();
-    c.grow_bell
-        .store(&bell as *const AtomicU64 as u64, Ordering::SeqCst);
     // Pages 0..8 were there before the last step, 8..16 came with it.
     heap.set_limit(16);
     c.grow_floor.store(8, Ordering::SeqCst);
@@ -308,9 +313,8 @@ fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
         let owned = OwnedHeap::<u64>::new(64, 8).unwrap();
         let heap = owned.heap();
         let bell = AtomicU64::new(0);
+        publish_bell(&heap, &bell);
         let c = heap.counters();
-        c.grow_bell
-            .store(&bell as *const AtomicU64 as u64, Ordering::SeqCst);
         // One page, held empty as a slot's current page of 64 B blocks
         // (two, of 64 and 128 B blocks, for a two-page span).
         let parked: &[usize] = match then {
