@@ -167,6 +167,16 @@ int cuheap_pool_release_stream(cuheap_pool_t* pool, cuheap_stream_t stream);
  * keeping at least keep bytes; waits on the host for the work that used
  * the memory it unmaps. *mapped (may be NULL) gets what stays mapped. */
 int cuheap_pool_trim(cuheap_pool_t* pool, size_t keep, size_t* mapped);
+/* Lets kernels on device read and write every block of the pool, mapped
+ * now and later (as cudaMemPoolSetAccess). The pool's own device, or a
+ * device granted before, does nothing; a device that does not exist or
+ * has no peer path to the pool's: CUHEAP_ERROR_INVALID. Order work across
+ * devices with events, as for any memory. */
+int cuheap_pool_grant_access(cuheap_pool_t* pool, int device);
+/* Takes device's access away (a device never granted does nothing; the
+ * pool's own device: CUHEAP_ERROR_INVALID). No work on device may still
+ * use the pool's memory. */
+int cuheap_pool_revoke_access(cuheap_pool_t* pool, int device);
 int cuheap_pool_get_stats(cuheap_pool_t* pool, cuheap_pool_stats_t* out);
 /* Waits for the device and frees the pool's memory (blocks not freed
  * go with it). NULL does nothing. */

@@ -352,6 +352,38 @@ pub unsafe extern "C" fn cuheap_pool_trim(
     })
 }
 
+/// Lets kernels on `device` read and write the pool's blocks, mapped now
+/// and later: `int cuheap_pool_grant_access(cuheap_pool_t*, int device)`.
+///
+/// # Safety
+///
+/// `pool` is NULL (refused) or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_pool_grant_access(pool: *const CuheapPool, device: c_int) -> c_int {
+    entry("cuheap_pool_grant_access", || {
+        // SAFETY: the caller's contract.
+        unsafe { pool_ref(pool) }?.pool.grant_access(device)
+    })
+}
+
+/// Takes `device`'s access to the pool away: `int
+/// cuheap_pool_revoke_access(cuheap_pool_t*, int device)`.
+///
+/// # Safety
+///
+/// `pool` is NULL (refused) or a live pool, and no work on `device`,
+/// queued or running, uses the pool's memory.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_pool_revoke_access(
+    pool: *const CuheapPool,
+    device: c_int,
+) -> c_int {
+    entry("cuheap_pool_revoke_access", || {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { pool_ref(pool)?.pool.revoke_access(device) }
+    })
+}
+
 /// Fills `*out` with the pool's statistics: `int
 /// cuheap_pool_get_stats(cuheap_pool_t*, cuheap_pool_stats_t* out)`.
 ///

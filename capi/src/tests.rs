@@ -42,6 +42,14 @@ fn null_handles_and_out_pointers_are_refused_with_a_message() {
             cuheap_pool_trim(null_mut(), 0, null_mut()),
             CUHEAP_ERROR_INVALID
         );
+        assert_eq!(
+            cuheap_pool_grant_access(null_mut(), 1),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_pool_revoke_access(null_mut(), 1),
+            CUHEAP_ERROR_INVALID
+        );
         let mut s = CuheapPoolStats::default();
         assert_eq!(
             cuheap_pool_get_stats(null_mut(), &mut s),
@@ -274,6 +282,13 @@ fn the_pool_through_the_c_api() {
         let mut mapped = 0usize;
         assert_eq!(cuheap_pool_trim(pool, 0, &mut mapped), CUHEAP_OK);
         assert!(mapped > 0);
+        // Access: the own device is a no-op (grant) or refused (revoke);
+        // a device that does not exist is refused by name.
+        assert_eq!(cuheap_pool_grant_access(pool, 0), CUHEAP_OK);
+        assert_eq!(cuheap_pool_revoke_access(pool, 0), CUHEAP_ERROR_INVALID);
+        assert!(last().contains("device 0 owns"), "{}", last());
+        assert_eq!(cuheap_pool_grant_access(pool, 4096), CUHEAP_ERROR_INVALID);
+        assert!(last().contains("device 4096 does not exist"), "{}", last());
         assert_eq!(cuheap_pool_destroy(pool), CUHEAP_OK);
     }
 }

@@ -30,6 +30,9 @@ pub trait Backend: Send + Sync + 'static {
     type Event: Send + Sync + 'static;
     /// Physical memory behind one mapped chunk; released on drop.
     type Memory: Send + Sync + 'static;
+    /// What another process needs to import one piece of memory (on the
+    /// CUDA driver, a POSIX file descriptor).
+    type Shared: Send + Sync + 'static;
 
     /// A number that identifies `stream` while it lives.
     fn stream_id(stream: &Self::Stream) -> usize;
@@ -64,12 +67,32 @@ pub trait Backend: Send + Sync + 'static {
     /// `at..at + bytes` lies inside one reservation and is not mapped.
     unsafe fn map(&self, at: u64, bytes: usize, memory: &Self::Memory) -> Result<()>;
 
-    /// Grants read and write access to a mapped range.
+    /// The device whose memory this backend creates (a CUDA ordinal).
+    fn device(&self) -> i32;
+
+    /// Ok when kernels on device `peer` can be granted access to this
+    /// backend's memory; otherwise an
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) that says
+    /// why (no such device, or no peer path between the two).
+    fn check_peer(&self, peer: i32) -> Result<()>;
+
+    /// Grants read and write access to a mapped range to the backend's
+    /// own device and to each device of `peers` (each checked by
+    /// [`Backend::check_peer`]), in one call.
     ///
     /// # Safety
     ///
-    /// `at..at + bytes` is mapped.
-    unsafe fn set_access(&self, at: u64, bytes: usize) -> Result<()>;
+    /// `at..at + bytes` was mapped by one [`Backend::map`] call.
+    unsafe fn set_access(&self, at: u64, bytes: usize, peers: &[i32]) -> Result<()>;
+
+    /// Takes device `peer`'s access to a mapped range away (the own
+    /// device keeps its access).
+    ///
+    /// # Safety
+    ///
+    /// `at..at + bytes` was mapped by one [`Backend::map`] call, and no
+    /// work on `peer`, queued or running, uses it.
+    unsafe fn revoke_access(&self, at: u64, bytes: usize, peer: i32) -> Result<()>;
 
     /// Unmaps a range (its memory is released when dropped).
     ///
@@ -102,6 +125,19 @@ pub trait Backend: Send + Sync + 'static {
         src: u64,
         stream: &Self::Stream,
     ) -> Result<()>;
+
+    /// Whether [`Backend::create`] makes memory that
+    /// [`Backend::share`] can hand to another process.
+    fn shares(&self) -> bool;
+
+    /// A handle to `memory` that another process can import
+    /// ([`Backend::import`]); it keeps the memory alive while it lives.
+    /// Memory of a backend that does not share is an error that says so.
+    fn share(&self, memory: &Self::Memory) -> Result<Self::Shared>;
+
+    /// Memory that another process shared: `bytes` long, as it was
+    /// created there. Map it as memory of one's own.
+    fn import(&self, shared: &Self::Shared, bytes: usize) -> Result<Self::Memory>;
 
     /// Bytes of device memory free now (for error messages).
     fn free_memory(&self) -> usize;

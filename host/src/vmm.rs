@@ -19,6 +19,7 @@
 use crate::backend::Backend;
 use crate::driver::CudaBackend;
 use crate::error::{Error, Result};
+use crate::share::Exported;
 use cudarc::driver::CudaContext;
 use cuheap_core::PAGE_SIZE;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -253,6 +254,9 @@ struct Extents<B: Backend> {
     list: Vec<(usize, B::Memory)>,
     /// The sum of the lengths.
     bytes: usize,
+    /// Devices other than the backend's own that every mapping grants
+    /// access to (see [`Region::grant_access`]).
+    peers: Vec<i32>,
 }
 
 impl VmmRegion {
@@ -317,6 +321,7 @@ impl<B: Backend> Region<B> {
             mapped: Mutex::new(Extents {
                 list: Vec::new(),
                 bytes: 0,
+                peers: Vec::new(),
             }),
         })
     }
@@ -430,7 +435,7 @@ impl<B: Backend> Region<B> {
             return Err(e);
         }
         // SAFETY: just mapped.
-        if let Err(e) = unsafe { backend.set_access(at, len) } {
+        if let Err(e) = unsafe { backend.set_access(at, len, &m.peers) } {
             // SAFETY: mapped above, used by nothing yet.
             match unsafe { backend.unmap(at, len) } {
                 Ok(()) => self.res.give(len, memory),
@@ -446,6 +451,97 @@ impl<B: Backend> Region<B> {
         m.bytes += len;
         self.res.note(self.part, len as isize);
         Ok(())
+    }
+
+    /// Lets kernels on device `peer` read and write the region: what is
+    /// mapped now and all it maps later, until
+    /// [`Region::revoke_access`]. Granting the own device, or a device
+    /// granted before, does nothing. A device that does not exist or has
+    /// no peer path to this one is an error, and so is a failed grant on
+    /// a mapping, which leaves `peer` without access to any.
+    pub fn grant_access(&self, peer: i32) -> Result<()> {
+        let backend = &self.res.backend;
+        backend.check_peer(peer)?;
+        let mut m = self.lock();
+        if peer == backend.device() || m.peers.contains(&peer) {
+            return Ok(());
+        }
+        let mut done = Vec::with_capacity(m.list.len());
+        for (at, len) in m.extents(self.base) {
+            // SAFETY: each extent is one mapping (the invariant on `Extents`).
+            if let Err(e) = unsafe { backend.set_access(at, len, &[peer]) } {
+                for (at, len) in done {
+                    // SAFETY: as above; `peer` got access a moment ago and
+                    // nothing it runs knows the memory yet.
+                    let _ = unsafe { backend.revoke_access(at, len, peer) };
+                }
+                return Err(e);
+            }
+            done.push((at, len));
+        }
+        m.peers.push(peer);
+        Ok(())
+    }
+
+    /// Takes device `peer`'s access to the region away: from every
+    /// mapping, and from those it maps later. A device never granted
+    /// does nothing; the own device's access cannot be taken. A failed
+    /// revoke keeps `peer` granted (call again).
+    ///
+    /// # Safety
+    ///
+    /// No work on `peer`, queued or running, uses the region's memory.
+    pub unsafe fn revoke_access(&self, peer: i32) -> Result<()> {
+        let backend = &self.res.backend;
+        if peer == backend.device() {
+            return Err(Error::InvalidArgument(format!(
+                "device {peer} owns this memory: its access cannot be revoked"
+            )));
+        }
+        let mut m = self.lock();
+        let Some(i) = m.peers.iter().position(|&p| p == peer) else {
+            return Ok(());
+        };
+        for (at, len) in m.extents(self.base) {
+            // SAFETY: each extent is one mapping; the caller guarantees
+            // `peer` no longer uses it.
+            unsafe { backend.revoke_access(at, len, peer) }?;
+        }
+        m.peers.remove(i);
+        Ok(())
+    }
+
+    /// The devices besides the own one granted access, in grant order.
+    pub fn peers(&self) -> Vec<i32> {
+        self.lock().peers.clone()
+    }
+
+    /// Shares `offset..offset + len` (from `base`) with another process:
+    /// the handles of the mappings that cover it, in address order. The
+    /// driver shares memory only whole, so the mappings may hold more
+    /// than the range. A range that is empty or not wholly mapped is an
+    /// error.
+    pub fn share(&self, offset: usize, len: usize) -> Result<Exported<B>> {
+        let m = self.lock();
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| len > 0 && end <= m.bytes)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "cannot share {len} bytes at offset {offset}: {} bytes are mapped",
+                    m.bytes
+                ))
+            })?;
+        let mut first = None;
+        let mut pieces = Vec::new();
+        for ((at, l), (_, memory)) in m.extents(0).zip(&m.list) {
+            let at = at as usize;
+            if at + l > offset && at < end {
+                first.get_or_insert(at);
+                pieces.push((l, self.res.backend.share(memory)?));
+            }
+        }
+        Exported::from_handles(pieces, offset - first.unwrap_or(0), len)
     }
 
     /// The last mapping: its offset from `base` and its length.
@@ -477,6 +573,17 @@ impl<B: Backend> Region<B> {
             self.res.give(len, memory); // banked, or released
         }
         Ok(m.bytes)
+    }
+}
+
+impl<B: Backend> Extents<B> {
+    /// Each mapping's address and length, in address order.
+    fn extents(&self, base: u64) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.list.iter().scan(base, |at, &(len, _)| {
+            let start = *at;
+            *at += len as u64;
+            Some((start, len))
+        })
     }
 }
 

@@ -2,10 +2,15 @@
 //!
 //! Addresses are numbers in a private range, never dereferenced: tests
 //! reach the memory through [`HostBackend::write`] and
-//! [`HostBackend::read`], which fail on any byte that is not mapped with
-//! access granted. New memory and unmapped memory are filled with
-//! [`POISON`], so a block whose memory was unmapped under its owner (or
-//! remapped fresh) reads back wrong. Streams count the work enqueued on
+//! [`HostBackend::read`] (as the own device, 0) or
+//! [`HostBackend::write_as`] and [`HostBackend::read_as`] (as a peer of
+//! [`HostBackend::with_devices`]), which fail on any byte that is not
+//! mapped with access granted to that device. New memory and unmapped
+//! memory are filled with [`POISON`], so a block whose memory was
+//! unmapped under its owner (or remapped fresh) reads back wrong; memory
+//! shared by another backend (standing in for another process,
+//! [`Backend::share`] and [`Backend::import`]) is the same bytes, and the
+//! importer's unmap leaves them alone. Streams count the work enqueued on
 //! them and remember every event they waited for, so tests can check
 //! stream ordering. Work completes at once, unless a test holds a stream
 //! ([`HostStream::hold`]): then the work enqueued after the hold is not
@@ -42,6 +47,11 @@ pub struct HostCounts {
 /// Host memory standing in for a device.
 pub struct HostBackend {
     granularity: usize,
+    /// Devices `0..devices` exist; this backend's memory is device 0's,
+    /// and every other device has a peer path to it.
+    devices: i32,
+    /// Whether memory can be shared with another backend.
+    shares: bool,
     /// Physical memory `create` may hand out in all.
     capacity: usize,
     state: Mutex<State>,
@@ -59,14 +69,18 @@ type UnmapHook = Arc<dyn Fn(u64, usize) + Send + Sync>;
 struct State {
     next: u64,
     reservations: BTreeMap<u64, usize>,
-    /// Mapped ranges by start: length, memory, access granted.
+    /// Mapped ranges by start: length, memory, devices granted access.
     mapped: BTreeMap<u64, Mapping>,
 }
 
 struct Mapping {
     bytes: usize,
     memory: Arc<Mutex<Vec<u8>>>,
-    access: bool,
+    /// Bit `d`: device `d` may read and write.
+    access: u64,
+    /// Imported from another backend: unmapping leaves its bytes alone
+    /// (the owner still has them).
+    imported: bool,
 }
 
 /// Physical memory of a [`HostBackend`].
@@ -74,12 +88,20 @@ pub struct HostMemory {
     bytes: Arc<Mutex<Vec<u8>>>,
     len: usize,
     physical: Arc<AtomicUsize>,
+    imported: bool,
 }
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
         self.physical.fetch_sub(self.len, Ordering::Relaxed);
     }
+}
+
+/// Memory of a [`HostBackend`] made importable by another one (standing
+/// in for another process): the same bytes.
+pub struct HostShared {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    len: usize,
 }
 
 /// A stream of a [`HostBackend`]: counts the work enqueued on it and
@@ -171,6 +193,8 @@ impl HostBackend {
     pub fn new(granularity: usize, capacity: usize) -> HostBackend {
         HostBackend {
             granularity: granularity.max(1),
+            devices: 1,
+            shares: true,
             capacity,
             state: Mutex::new(State {
                 next: BASE,
@@ -180,6 +204,21 @@ impl HostBackend {
             counts: Mutex::new(HostCounts::default()),
             unmap_hook: Mutex::new(None),
         }
+    }
+
+    /// The same backend on a machine of `devices` devices (at most 64):
+    /// devices `1..devices` are peers that can be granted access to its
+    /// memory.
+    pub fn with_devices(mut self, devices: i32) -> HostBackend {
+        self.devices = devices.clamp(1, 64);
+        self
+    }
+
+    /// The same backend with memory that cannot be shared (as the CUDA
+    /// driver's, unless created with a shareable handle).
+    pub fn without_sharing(mut self) -> HostBackend {
+        self.shares = false;
+        self
     }
 
     /// Runs `hook(at, bytes)` at the start of every unmap, before the range
@@ -206,16 +245,28 @@ impl HostBackend {
     /// Copies `data` to device address `at`; fails if any byte of the
     /// range is not mapped with access.
     pub fn write(&self, at: u64, data: &[u8]) -> Result<()> {
-        self.each_piece(at, data.len(), |mem, off, range| {
-            mem[off..off + range.len()].copy_from_slice(&data[range]);
-        })
+        self.write_as(0, at, data)
     }
 
     /// Copies from device address `at` into `out`; fails like
     /// [`HostBackend::write`].
     pub fn read(&self, at: u64, out: &mut [u8]) -> Result<()> {
+        self.read_as(0, at, out)
+    }
+
+    /// [`HostBackend::write`] by a kernel on `device`: fails if any byte
+    /// of the range is not mapped with access granted to `device`.
+    pub fn write_as(&self, device: i32, at: u64, data: &[u8]) -> Result<()> {
+        self.each_piece(device, at, data.len(), |mem, off, range| {
+            mem[off..off + range.len()].copy_from_slice(&data[range]);
+        })
+    }
+
+    /// [`HostBackend::read`] by a kernel on `device`; fails like
+    /// [`HostBackend::write_as`].
+    pub fn read_as(&self, device: i32, at: u64, out: &mut [u8]) -> Result<()> {
         let len = out.len();
-        self.each_piece(at, len, |mem, off, range| {
+        self.each_piece(device, at, len, |mem, off, range| {
             let n = range.len();
             out[range].copy_from_slice(&mem[off..off + n]);
         })
@@ -223,15 +274,20 @@ impl HostBackend {
 
     /// Calls `f(memory, offset in it, range of the caller's buffer)` for
     /// each mapping `at..at + len` crosses; nothing if any byte is not
-    /// accessible.
+    /// accessible to `device`.
     fn each_piece(
         &self,
+        device: i32,
         at: u64,
         len: usize,
         mut f: impl FnMut(&mut [u8], usize, std::ops::Range<usize>),
     ) -> Result<()> {
-        let fault =
-            |a: u64| Error::InvalidArgument(format!("access to unmapped device address {a:#x}"));
+        let fault = |a: u64| {
+            Error::InvalidArgument(format!(
+                "device {device}: access to unmapped device address {a:#x}"
+            ))
+        };
+        let bit = 1u64.checked_shl(device as u32).filter(|_| device >= 0);
         let state = lock(&self.state);
         let mut pieces = Vec::new();
         let mut done = 0usize;
@@ -246,7 +302,7 @@ impl HostBackend {
                 .next_back()
                 .ok_or_else(|| fault(a))?;
             let off = (a - start) as usize;
-            if off >= m.bytes || !m.access {
+            if off >= m.bytes || bit.is_none_or(|b| m.access & b == 0) {
                 return Err(fault(a));
             }
             let n = (m.bytes - off).min(len - done);
@@ -260,6 +316,15 @@ impl HostBackend {
         Ok(())
     }
 
+    /// Changes the access bits of the mapping at `at`, which must be
+    /// exactly `bytes` long.
+    fn access(&self, at: u64, bytes: usize, change: impl FnOnce(&mut u64)) {
+        match lock(&self.state).mapped.get_mut(&at) {
+            Some(m) if m.bytes == bytes => change(&mut m.access),
+            _ => panic!("access change on {bytes} bytes at {at:#x}, which is not one mapping"),
+        }
+    }
+
     fn count(&self, f: impl FnOnce(&mut HostCounts)) {
         f(&mut lock(&self.counts));
     }
@@ -269,6 +334,7 @@ impl Backend for HostBackend {
     type Stream = HostStream;
     type Event = HostEvent;
     type Memory = HostMemory;
+    type Shared = HostShared;
 
     fn stream_id(stream: &HostStream) -> usize {
         stream.id()
@@ -318,6 +384,7 @@ impl Backend for HostBackend {
             bytes: Arc::new(Mutex::new(vec![POISON; bytes])),
             len: bytes,
             physical: self.physical.clone(),
+            imported: false,
         })
     }
 
@@ -340,7 +407,8 @@ impl Backend for HostBackend {
             Mapping {
                 bytes,
                 memory: memory.bytes.clone(),
-                access: false,
+                access: 0,
+                imported: memory.imported,
             },
         );
         drop(s);
@@ -348,15 +416,37 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    unsafe fn set_access(&self, at: u64, bytes: usize) -> Result<()> {
-        let mut s = lock(&self.state);
-        match s.mapped.get_mut(&at) {
-            Some(m) if m.bytes == bytes => {
-                m.access = true;
-                Ok(())
-            }
-            _ => panic!("set_access on {bytes} bytes at {at:#x}, which is not one mapping"),
+    fn device(&self) -> i32 {
+        0
+    }
+
+    fn check_peer(&self, peer: i32) -> Result<()> {
+        if (0..self.devices).contains(&peer) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "device {peer} does not exist (the driver sees {})",
+                self.devices
+            )))
         }
+    }
+
+    unsafe fn set_access(&self, at: u64, bytes: usize, peers: &[i32]) -> Result<()> {
+        for &p in peers {
+            assert!(self.check_peer(p).is_ok(), "set_access for device {p}");
+        }
+        let bits = peers.iter().fold(1u64, |a, &p| a | 1 << p);
+        self.access(at, bytes, |a| *a |= bits);
+        Ok(())
+    }
+
+    unsafe fn revoke_access(&self, at: u64, bytes: usize, peer: i32) -> Result<()> {
+        assert!(
+            peer != 0 && self.check_peer(peer).is_ok(),
+            "revoke_access for device {peer}"
+        );
+        self.access(at, bytes, |a| *a &= !(1u64 << peer));
+        Ok(())
     }
 
     unsafe fn unmap(&self, at: u64, bytes: usize) -> Result<()> {
@@ -367,7 +457,9 @@ impl Backend for HostBackend {
         let m = lock(&self.state).mapped.remove(&at);
         match m {
             Some(m) if m.bytes == bytes => {
-                lock(&m.memory).fill(POISON);
+                if !m.imported {
+                    lock(&m.memory).fill(POISON);
+                }
                 self.count(|c| c.unmaps += 1);
                 Ok(())
             }
@@ -383,6 +475,38 @@ impl Backend for HostBackend {
     unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64, stream: &HostStream) -> Result<()> {
         stream.enqueue();
         self.read(src, dst)
+    }
+
+    fn shares(&self) -> bool {
+        self.shares
+    }
+
+    fn share(&self, memory: &HostMemory) -> Result<HostShared> {
+        if !self.shares {
+            return Err(Error::InvalidArgument(
+                "this memory was created without a shareable handle".into(),
+            ));
+        }
+        Ok(HostShared {
+            bytes: memory.bytes.clone(),
+            len: memory.len,
+        })
+    }
+
+    fn import(&self, shared: &HostShared, bytes: usize) -> Result<HostMemory> {
+        if bytes != shared.len {
+            return Err(Error::InvalidArgument(format!(
+                "import of {bytes} bytes from shared memory of {}",
+                shared.len
+            )));
+        }
+        self.physical.fetch_add(bytes, Ordering::Relaxed);
+        Ok(HostMemory {
+            bytes: shared.bytes.clone(),
+            len: bytes,
+            physical: self.physical.clone(),
+            imported: true,
+        })
     }
 
     fn free_memory(&self) -> usize {

@@ -6,12 +6,15 @@ use super::memory::{copy_from_device_on, copy_to_device_on};
 use crate::backend::Backend;
 use crate::error::{Context, Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 /// The CUDA driver, on one context's device.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     device: i32,
+    /// Memory is created exportable as POSIX file descriptors.
+    shareable: bool,
 }
 
 /// Physical device memory from `cuMemCreate`, released on drop.
@@ -31,6 +34,9 @@ impl Drop for CudaMemory {
     }
 }
 
+const POSIX_FD: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
 fn prop(device: i32) -> sys::CUmemAllocationProp {
     // SAFETY: a C struct for which all-zero is a valid value.
     let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
@@ -45,7 +51,27 @@ impl CudaBackend {
         CudaBackend {
             ctx: ctx.clone(),
             device: ctx.ordinal() as i32,
+            shareable: false,
         }
+    }
+
+    /// A backend whose memory other processes can map: each
+    /// `cuMemCreate` asks for a POSIX file descriptor handle
+    /// ([`Backend::share`] exports it).
+    pub fn shareable(ctx: &Arc<CudaContext>) -> CudaBackend {
+        CudaBackend {
+            shareable: true,
+            ..CudaBackend::new(ctx)
+        }
+    }
+
+    /// How `cuMemCreate` makes this backend's memory.
+    fn prop(&self) -> sys::CUmemAllocationProp {
+        let mut p = prop(self.device);
+        if self.shareable {
+            p.requestedHandleTypes = POSIX_FD;
+        }
+        p
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {
@@ -61,6 +87,7 @@ impl Backend for CudaBackend {
     type Stream = Arc<CudaStream>;
     type Event = CudaEvent;
     type Memory = CudaMemory;
+    type Shared = OwnedFd;
 
     fn stream_id(stream: &Arc<CudaStream>) -> usize {
         stream.cu_stream() as usize
@@ -81,7 +108,7 @@ impl Backend for CudaBackend {
         unsafe {
             sys::cuMemGetAllocationGranularity(
                 &mut gran,
-                &prop(self.device),
+                &self.prop(),
                 sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
             )
         }
@@ -112,7 +139,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: out-parameter; one chunk of device memory.
-        match unsafe { sys::cuMemCreate(&mut handle, bytes, &prop(self.device), 0) }.result() {
+        match unsafe { sys::cuMemCreate(&mut handle, bytes, &self.prop(), 0) }.result() {
             Ok(()) => Ok(CudaMemory {
                 handle,
                 ctx: self.ctx.clone(),
@@ -141,14 +168,61 @@ impl Backend for CudaBackend {
             .during("cuMemMap")
     }
 
-    unsafe fn set_access(&self, at: u64, bytes: usize) -> Result<()> {
+    fn device(&self) -> i32 {
+        self.device
+    }
+
+    fn check_peer(&self, peer: i32) -> Result<()> {
+        let count = result::device::get_count().during("cuDeviceGetCount")?;
+        if !(0..count).contains(&peer) {
+            return Err(Error::InvalidArgument(format!(
+                "device {peer} does not exist (the driver sees {count})"
+            )));
+        }
+        if peer == self.device {
+            return Ok(());
+        }
+        let own = result::device::get(self.device).during("cuDeviceGet")?;
+        let other = result::device::get(peer).during("cuDeviceGet")?;
+        let mut can = 0;
+        // SAFETY: out-parameter; both handles came from cuDeviceGet.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, other, own) }
+            .result()
+            .during("cuDeviceCanAccessPeer")?;
+        if can == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "device {peer} cannot access device {}'s memory: the driver reports no peer path \
+                 between them (cuDeviceCanAccessPeer)",
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    unsafe fn set_access(&self, at: u64, bytes: usize, peers: &[i32]) -> Result<()> {
         self.bind()?;
-        let access = sys::CUmemAccessDesc {
-            location: prop(self.device).location,
+        let grant = |device| sys::CUmemAccessDesc {
+            location: prop(device).location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the caller guarantees the range is mapped.
-        unsafe { sys::cuMemSetAccess(at, bytes, &access, 1) }
+        let mut access = vec![grant(self.device)];
+        access.extend(peers.iter().map(|&p| grant(p)));
+        // SAFETY: the caller guarantees the range is mapped; `access`
+        // holds `access.len()` descriptors.
+        unsafe { sys::cuMemSetAccess(at, bytes, access.as_ptr(), access.len()) }
+            .result()
+            .during("cuMemSetAccess")
+    }
+
+    unsafe fn revoke_access(&self, at: u64, bytes: usize, peer: i32) -> Result<()> {
+        self.bind()?;
+        let none = sys::CUmemAccessDesc {
+            location: prop(peer).location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        };
+        // SAFETY: the caller guarantees the range is mapped and unused by
+        // `peer`.
+        unsafe { sys::cuMemSetAccess(at, bytes, &none, 1) }
             .result()
             .during("cuMemSetAccess")
     }
@@ -179,6 +253,70 @@ impl Backend for CudaBackend {
         // SAFETY: the caller guarantees the device range; any bytes are
         // valid `u8`s.
         unsafe { copy_from_device_on(dst, src, stream) }
+    }
+
+    fn shares(&self) -> bool {
+        self.shareable
+    }
+
+    fn share(&self, memory: &CudaMemory) -> Result<OwnedFd> {
+        if !self.shareable {
+            return Err(Error::InvalidArgument(
+                "this memory cannot go to another process: it was created without a shareable \
+                 handle (create the pool with PoolConfig { shareable: true, .. } or on \
+                 CudaBackend::shareable)"
+                    .into(),
+            ));
+        }
+        self.bind()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: out-parameter of the handle type's size (an int for
+        // POSIX file descriptors); the handle is live memory of ours.
+        unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                memory.handle,
+                POSIX_FD,
+                0,
+            )
+        }
+        .result()
+        .during("cuMemExportToShareableHandle")?;
+        // SAFETY: the driver returned a new descriptor that we now own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn import(&self, shared: &OwnedFd, bytes: usize) -> Result<CudaMemory> {
+        self.bind()?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: out-parameter; a POSIX handle is passed as the
+        // descriptor's value in the pointer argument.
+        unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                shared.as_raw_fd() as usize as *mut std::ffi::c_void,
+                POSIX_FD,
+            )
+        }
+        .result()
+        .during("cuMemImportFromShareableHandle")?;
+        let memory = CudaMemory {
+            handle,
+            ctx: self.ctx.clone(),
+        };
+        let mut p = prop(self.device);
+        // SAFETY: out-parameter; the handle was just imported.
+        unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut p, handle) }
+            .result()
+            .during("cuMemGetAllocationPropertiesFromHandle")?;
+        if p.location.id != self.device {
+            return Err(Error::InvalidArgument(format!(
+                "the shared memory ({bytes} bytes) lives on device {}; import it on a context \
+                 of that device, not device {}",
+                p.location.id, self.device
+            )));
+        }
+        Ok(memory)
     }
 
     fn free_memory(&self) -> usize {

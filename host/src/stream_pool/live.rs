@@ -42,6 +42,12 @@ impl LiveBits {
         w.fetch_or(m, Ordering::AcqRel) & m == 0
     }
 
+    /// Whether a block is live.
+    pub(super) fn is_set(&self, b: &BlockInfo) -> bool {
+        let (w, m) = self.at(b);
+        w.load(Ordering::Acquire) & m != 0
+    }
+
     /// Marks a block free; false if it was not live.
     pub(super) fn clear(&self, b: &BlockInfo) -> bool {
         let (w, m) = self.at(b);

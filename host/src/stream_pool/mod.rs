@@ -47,6 +47,7 @@ use crate::backend::Backend;
 use crate::driver::CudaBackend;
 use crate::error::{Error, Result};
 use crate::reclaim::EventPool;
+use crate::share::Exported;
 use crate::vmm::{Part, Region, Reservation};
 use cache::{hinted, remember, thread_slot, Cache, Key, StreamCache, ALLOCS, CROSS, FREES, SAME};
 use cudarc::driver::CudaContext;
@@ -95,6 +96,11 @@ pub struct PoolConfig {
     /// sooner, with a wait for that stream's work on the device. 0 spreads
     /// threads over the heap, first fit from each one's own part.
     pub placement: u64,
+    /// Create memory that other processes can map
+    /// ([`Pool::export_block`]). [`Pool::new`] then makes its memory
+    /// with a POSIX file descriptor handle; a pool on another backend
+    /// needs one that shares ([`Backend::shares`]).
+    pub shareable: bool,
 }
 
 impl PoolConfig {
@@ -108,6 +114,7 @@ impl PoolConfig {
             stream_cache_limit: 64 << 20,
             cache_limit: 256 << 20,
             placement: Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW,
+            shareable: false,
         }
     }
 }
@@ -187,9 +194,15 @@ struct Retired<B: Backend> {
 static POOL_IDS: AtomicU64 = AtomicU64::new(1);
 
 impl Pool<CudaBackend> {
-    /// A pool on `ctx`'s device.
+    /// A pool on `ctx`'s device (with shareable memory when
+    /// `cfg.shareable`).
     pub fn new(ctx: &Arc<CudaContext>, cfg: PoolConfig) -> Result<Pool> {
-        Pool::with_backend(CudaBackend::new(ctx), cfg)
+        let backend = if cfg.shareable {
+            CudaBackend::shareable(ctx)
+        } else {
+            CudaBackend::new(ctx)
+        };
+        Pool::with_backend(backend, cfg)
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {
@@ -240,6 +253,13 @@ impl<B: Backend> Pool<B> {
     }
 
     fn on_region(region: Region<B>, cfg: PoolConfig) -> Result<Pool<B>> {
+        if cfg.shareable && !region.backend().shares() {
+            return Err(Error::InvalidArgument(
+                "PoolConfig::shareable needs a backend that creates shareable memory \
+                 (CudaBackend::shareable, or a reservation on one)"
+                    .into(),
+            ));
+        }
         if !region.base().is_multiple_of(PAGE_SIZE as u64) {
             return Err(Error::InvalidArgument(format!(
                 "reservation at {:#x} is not {PAGE_SIZE}-byte aligned",
@@ -302,6 +322,82 @@ impl<B: Backend> Pool<B> {
     /// Address space reserved (the most the pool can map).
     pub fn reservation(&self) -> usize {
         self.region.reserved()
+    }
+
+    /// Lets kernels on device `peer` read and write the pool's blocks:
+    /// every block, those mapped now and those of memory the pool maps
+    /// later, as `cudaMemPoolSetAccess` does for a stream-ordered pool.
+    /// Granting the pool's own device, or a device granted before, does
+    /// nothing. A device that does not exist, or that the driver says has
+    /// no peer path to the pool's device, is an
+    /// [`Error::InvalidArgument`] that names it; a grant the driver
+    /// refuses on any mapping leaves `peer` without access to all.
+    ///
+    /// Work on `peer` orders itself after the pool's streams as any
+    /// cross-device work does: with events (the pool's stream order
+    /// covers the pool's device only).
+    pub fn grant_access(&self, peer: i32) -> Result<()> {
+        self.region.grant_access(peer)
+    }
+
+    /// Takes device `peer`'s access to the pool away, from all memory
+    /// mapped now and later. A device never granted does nothing; the
+    /// pool's own device is an [`Error::InvalidArgument`]. A revoke the
+    /// driver refuses keeps `peer` granted.
+    ///
+    /// # Safety
+    ///
+    /// No work on `peer`, queued or running, uses the pool's memory (it
+    /// would fault).
+    pub unsafe fn revoke_access(&self, peer: i32) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.region.revoke_access(peer) }
+    }
+
+    /// The devices besides the pool's own granted access, in grant order.
+    pub fn peers(&self) -> Vec<i32> {
+        self.region.peers()
+    }
+
+    /// Shares the live block at `ptr` with another process (see
+    /// [`crate::share`]): the handles of the mappings under it, which
+    /// [`Exported::send`] passes over a Unix socket. The other process
+    /// reaches the whole of those mappings. Keep the block allocated
+    /// while it is used there. A pool whose memory is not shareable
+    /// ([`PoolConfig::shareable`]), or a pointer that is not a live block
+    /// of this pool, is an [`Error::InvalidArgument`]; a handle the
+    /// driver refuses is its [`Error::Driver`].
+    pub fn export_block(&self, ptr: u64) -> Result<Exported<B>> {
+        match self.heap().block_at(ptr as usize) {
+            Ok(b) if self.live.is_set(&b) => self.export(ptr, b.size),
+            _ => Err(Error::InvalidArgument(format!(
+                "export of {ptr:#x}: not a live block of this pool"
+            ))),
+        }
+    }
+
+    /// Shares all the memory the pool has mapped now, from its base (as
+    /// [`Pool::export_block`]): the other process sees every block at
+    /// the same offset from [`Imported::ptr`] as from
+    /// [`Pool::base`] here.
+    pub fn export_mapped(&self) -> Result<Exported<B>> {
+        self.export(self.region.base(), self.region.mapped())
+    }
+
+    /// The pool's first address: blocks lie at offsets from it.
+    pub fn base(&self) -> u64 {
+        self.region.base()
+    }
+
+    fn export(&self, at: u64, len: usize) -> Result<Exported<B>> {
+        if !self.backend().shares() {
+            return Err(Error::InvalidArgument(
+                "this pool's memory cannot go to another process: create it with \
+                 PoolConfig { shareable: true, .. }"
+                    .into(),
+            ));
+        }
+        self.region.share((at - self.region.base()) as usize, len)
     }
 
     fn heap(&self) -> Heap<'_, u64> {
