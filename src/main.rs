@@ -5,6 +5,8 @@ use cuheap::bench::{cpu, device, growth, host, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+const MIB: f64 = (1u64 << 20) as f64;
+
 #[derive(Parser)]
 #[command(
     name = "cuheap",
@@ -48,6 +50,37 @@ enum Command {
         trace: PathBuf,
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// Draws a pool's memory as an HTML page: the address range page by
+    /// page, coloured by what holds each page, and, for a replayed trace,
+    /// memory over the calls. Reads a snapshot (JSON of
+    /// `Pool::snapshot().to_json()`, or of this command's `--json`), or
+    /// replays a trace in RAPIDS RMM's CSV format and draws the pool at
+    /// the trace's peak.
+    Snapshot {
+        /// A snapshot or picture in JSON.
+        #[arg(required_unless_present = "replay", conflicts_with = "replay")]
+        input: Option<PathBuf>,
+        /// Replay this trace instead, on a model of the pool in host
+        /// memory (the same placement code; no GPU needed), or on the GPU
+        /// with `--gpu`.
+        #[arg(long)]
+        replay: Option<PathBuf>,
+        /// Replay on the cuheap pool on the GPU.
+        #[arg(long, requires = "replay")]
+        gpu: bool,
+        /// Points of the timeline.
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        /// The HTML page.
+        #[arg(short, long, default_value = "snapshot.html")]
+        output: PathBuf,
+        /// Also write the picture (snapshot and timeline) as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Also write the page grid alone as SVG here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
     },
     /// Benchmarks: `cpu` (any machine), `device` (in-kernel allocation and
     /// the heap's growth), `growth` (only the growth cases of `device`),
@@ -244,6 +277,44 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             println!("{}", cuheap::bench::replay::table(&rows));
             if let Some(path) = json {
                 std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+            }
+            Ok(())
+        }
+        Command::Snapshot {
+            input,
+            replay,
+            gpu,
+            samples,
+            output,
+            json,
+            svg,
+        } => {
+            let picture = match (input, replay) {
+                (Some(path), _) => {
+                    cuheap::host::Picture::from_json(&std::fs::read_to_string(&path)?)?
+                }
+                (None, Some(trace)) => cuheap::bench::snapshot::replay(&trace, gpu, samples)?,
+                (None, None) => unreachable!("clap requires one"),
+            };
+            let s = &picture.snapshot;
+            let (live, held, free) = s.page_bytes();
+            println!(
+                "{}: blocks in use {:.1} MiB, {:.1} MiB mapped in {} mappings; pages holding live blocks {:.1} MiB, only cached or returning {:.1} MiB, free {:.1} MiB",
+                picture.title,
+                s.in_use as f64 / MIB,
+                s.mapped as f64 / MIB,
+                s.mappings.len(),
+                live as f64 / MIB,
+                held as f64 / MIB,
+                free as f64 / MIB
+            );
+            std::fs::write(&output, picture.html())?;
+            println!("wrote {}", output.display());
+            if let Some(path) = json {
+                std::fs::write(path, picture.to_json())?;
+            }
+            if let Some(path) = svg {
+                std::fs::write(path, s.svg())?;
             }
             Ok(())
         }

@@ -20,7 +20,8 @@
 //!    stream-ordered allocation with per-stream caches. A [`Reservation`]
 //!    shared by a pool and growable device heaps lets them map the
 //!    physical memory the others gave back.
-//!    [`share`] hands a pool's memory to other processes.
+//!    [`share`] hands a pool's memory to other processes; [`snapshot`]
+//!    draws it.
 //! 6. [`trace`]: a logging adaptor over any resource and a reader of
 //!    traces in RAPIDS RMM's CSV format.
 //!
@@ -35,6 +36,7 @@ pub mod error;
 pub mod growth;
 pub mod reclaim;
 pub mod share;
+pub mod snapshot;
 pub mod stream_pool;
 pub mod trace;
 pub mod vmm;
@@ -51,6 +53,7 @@ pub use driver::{
 pub use error::{Context, Error, Result};
 pub use growth::{GrowthService, GrowthStats};
 pub use share::{Exported, Imported};
+pub use snapshot::{Picture, Snapshot, Timeline};
 pub use stream_pool::{DeviceBuffer, Pool, PoolConfig, PoolStats};
 pub use trace::{read_trace, Logged, Resource, TraceEvent, TraceLog};
 pub use vmm::{Part, Reservation, ReservationStats};

@@ -16,15 +16,23 @@
 //! the whole of each mapping under the block (a pool maps 32 MiB chunks
 //! by default), as with `cudaIpcGetMemHandle`. The exporter keeps the
 //! block allocated while the importer uses it: the pool does not know of
-//! other processes, and a freed block is reused. An import holds the
-//! memory itself, so it stays valid after the exporter trims or exits.
-//! Work in the two processes orders itself as the program decides (e.g.
-//! by messages on the socket after synchronising).
+//! other processes, and a freed block is reused (so is trimmed memory of
+//! a pool in a shared [`Reservation`](crate::Reservation), which banks it
+//! for the next to grow). An import holds the memory itself, so the
+//! exporter's exit or a trim that releases the memory does not pull it
+//! from under the importer. Work in the two processes orders itself as
+//! the program decides (e.g. by messages on the socket after
+//! synchronising). Each mapping is one descriptor while exported: a
+//! large pool in small chunks can reach the process's descriptor limit.
 
 use crate::backend::Backend;
 use crate::driver::CudaBackend;
 use crate::error::{Error, Result};
-use std::io::{IoSlice, IoSliceMut, Read, Write};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -93,6 +101,12 @@ impl<B: Backend> Exported<B> {
     pub fn handles(&self) -> &[(usize, B::Shared)] {
         &self.pieces
     }
+
+    /// The handles, to pass another way ([`Exported::from_handles`]
+    /// takes them back).
+    pub fn into_handles(self) -> Vec<(usize, B::Shared)> {
+        self.pieces
+    }
 }
 
 /// Shared memory mapped in this process: `ptr()..ptr() + len()` is what
@@ -109,14 +123,15 @@ pub struct Imported<B: Backend = CudaBackend> {
 
 impl<B: Backend> Imported<B> {
     /// Reserves address space for `exported`'s mappings, imports and maps
-    /// each, and grants this backend's device read and write access.
-    /// Nothing stays mapped on error.
+    /// each, and grants this backend's device read and write access
+    /// (memory of another device needs a peer path to this one, else the
+    /// driver refuses). Nothing stays mapped on error.
     pub fn map(backend: B, exported: &Exported<B>) -> Result<Imported<B>> {
         let reserved = exported.mapped();
         let align = backend.granularity()?.max(1);
-        if !reserved.is_multiple_of(align) {
+        if let Some(&(len, _)) = exported.pieces.iter().find(|p| !p.0.is_multiple_of(align)) {
             return Err(Error::InvalidArgument(format!(
-                "shared mappings of {reserved} bytes are not whole {align}-byte granules of this device"
+                "a shared mapping of {len} bytes is not whole {align}-byte granules of this device"
             )));
         }
         let base = backend.reserve(reserved, align)?;
@@ -161,24 +176,48 @@ impl<B: Backend> Imported<B> {
     }
 }
 
-impl<B: Backend> Drop for Imported<B> {
-    fn drop(&mut self) {
+impl<B: Backend> Imported<B> {
+    /// Unmaps the memory once the device's work is done, and returns
+    /// the backend; the first error, if any (what failed to unmap stays
+    /// mapped, and its range reserved). Dropping does the same and
+    /// drops the errors.
+    pub fn close(mut self) -> Result<B> {
+        self.unmap()?;
+        // SAFETY: `backend` is read out once; `self` is forgotten at once
+        // so neither it nor its fields drop again (`mapped` is empty).
+        let backend = unsafe { std::ptr::read(&self.backend) };
+        let mapped = std::mem::take(&mut self.mapped);
+        std::mem::forget(self);
+        drop(mapped);
+        Ok(backend)
+    }
+
+    fn unmap(&mut self) -> Result<()> {
         // Work still queued may use the memory: wait for the device.
-        // Errors cannot leave drop; what fails to unmap stays mapped, and
-        // then the range stays reserved.
-        let _ = self.backend.synchronize_device();
+        let mut first = self.backend.synchronize_device().err();
         let mut all = true;
         for (at, len, memory) in self.mapped.drain(..) {
             // SAFETY: mapped by `map`; nothing runs on the device any more.
-            if unsafe { self.backend.unmap(at, len) }.is_err() {
+            if let Err(e) = unsafe { self.backend.unmap(at, len) } {
+                first.get_or_insert(e);
                 all = false;
-                std::mem::forget(memory);
+                std::mem::forget(memory); // still mapped: never released
             }
         }
-        if all {
+        if all && self.reserved > 0 {
             // SAFETY: reserved by `map`, nothing mapped in it any more.
             unsafe { self.backend.unreserve(self.base, self.reserved) };
         }
+        // Unreserved, or kept for ever around what is still mapped.
+        self.reserved = 0;
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl<B: Backend> Drop for Imported<B> {
+    fn drop(&mut self) {
+        // Errors cannot leave drop.
+        let _ = self.unmap();
     }
 }
 
@@ -192,22 +231,67 @@ const FRAME: usize = 8 * (1 + BATCH);
 /// corrupt header).
 const MAX_MAPPINGS: u64 = 1 << 20;
 
-fn io(what: &'static str) -> impl Fn(std::io::Error) -> Error {
-    move |e| Error::InvalidArgument(format!("{what}: {e}"))
+fn io(what: &'static str) -> impl Fn(rustix::io::Errno) -> Error {
+    move |e| {
+        let why = match e {
+            rustix::io::Errno::AGAIN => "timed out (or the socket is non-blocking)".to_string(),
+            e => std::io::Error::from(e).to_string(),
+        };
+        Error::InvalidArgument(format!("{what}: {why}"))
+    }
+}
+
+/// Repeats a socket call a signal interrupted.
+fn retry<T>(mut call: impl FnMut() -> rustix::io::Result<T>) -> rustix::io::Result<T> {
+    loop {
+        match call() {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+/// Sends all of `bytes`; a peer that is gone is an error, not SIGPIPE.
+fn send_all(socket: &UnixStream, mut bytes: &[u8]) -> Result<()> {
+    while !bytes.is_empty() {
+        let n = retry(|| rustix::net::send(socket, bytes, SendFlags::NOSIGNAL))
+            .map_err(io("sending an export"))?;
+        bytes = &bytes[n..];
+    }
+    Ok(())
+}
+
+/// Fills `buf` from the socket.
+fn recv_all(socket: &UnixStream, buf: &mut [u8]) -> Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let (n, _) = retry(|| rustix::net::recv(socket, &mut buf[done..], RecvFlags::empty()))
+            .map_err(io("receiving an export"))?;
+        if n == 0 {
+            return Err(closed());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+fn closed() -> Error {
+    Error::InvalidArgument("receiving an export: the sender closed the socket early".into())
 }
 
 impl<B: Backend<Shared = OwnedFd>> Exported<B> {
-    /// Sends the export to the process at the other end of `socket`: a
-    /// header, then the handles (`SCM_RIGHTS`, up to 64 a message) with
-    /// their lengths. The descriptors stay open here too: dropping the
-    /// export closes them.
-    pub fn send(&self, mut socket: &UnixStream) -> Result<()> {
+    /// Sends the export to the process at the other end of `socket`, a
+    /// blocking Unix stream socket: a header, then the handles
+    /// (`SCM_RIGHTS`, up to 64 a message) with their lengths. The
+    /// descriptors stay open here too: dropping the export closes them.
+    /// A peer that went away is an error (never `SIGPIPE`).
+    pub fn send(&self, socket: &UnixStream) -> Result<()> {
         let mut header = Vec::with_capacity(32);
         header.extend_from_slice(MAGIC);
         for v in [self.pieces.len(), self.offset, self.len] {
             header.extend_from_slice(&(v as u64).to_le_bytes());
         }
-        socket.write_all(&header).map_err(io("sending an export"))?;
+        send_all(socket, &header)?;
         for batch in self.pieces.chunks(BATCH) {
             let mut frame = [0u8; FRAME];
             frame[..8].copy_from_slice(&(batch.len() as u64).to_le_bytes());
@@ -215,36 +299,34 @@ impl<B: Backend<Shared = OwnedFd>> Exported<B> {
                 frame[8 * (i + 1)..8 * (i + 2)].copy_from_slice(&(*len as u64).to_le_bytes());
             }
             let fds: Vec<_> = batch.iter().map(|(_, fd)| fd.as_fd()).collect();
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(BATCH))];
-            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-            if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
-                return Err(Error::InvalidArgument(
-                    "descriptors do not fit a message".into(),
-                ));
-            }
-            let sent = rustix::net::sendmsg(
-                socket,
-                &[IoSlice::new(&frame)],
-                &mut control,
-                rustix::net::SendFlags::NOSIGNAL,
-            )
-            .map_err(|e| io("sending shared handles")(e.into()))?;
+            let sent = retry(|| {
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(BATCH))];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+                    return Err(rustix::io::Errno::NOBUFS);
+                }
+                rustix::net::sendmsg(
+                    socket,
+                    &[IoSlice::new(&frame)],
+                    &mut control,
+                    SendFlags::NOSIGNAL,
+                )
+            })
+            .map_err(io("sending shared handles"))?;
             // The descriptors went with the first byte; the rest is data.
-            socket
-                .write_all(&frame[sent..])
-                .map_err(io("sending shared handles"))?;
+            send_all(socket, &frame[sent..])?;
         }
         Ok(())
     }
 
     /// Receives what [`Exported::send`] sent from the other end of
-    /// `socket`. A stream that ends early, or is not an export, is an
-    /// error that says so.
-    pub fn receive(mut socket: &UnixStream) -> Result<Exported<B>> {
+    /// `socket`, a blocking Unix stream socket (set a read timeout on it
+    /// to bound the wait for a peer that stalls). A stream that ends
+    /// early or is not an export, and handles that do not arrive (e.g.
+    /// this process is at its descriptor limit), are errors that say so.
+    pub fn receive(socket: &UnixStream) -> Result<Exported<B>> {
         let mut header = [0u8; 32];
-        socket
-            .read_exact(&mut header)
-            .map_err(io("receiving an export"))?;
+        recv_all(socket, &mut header)?;
         if &header[..8] != MAGIC {
             return Err(Error::InvalidArgument(
                 "receiving an export: the stream does not start with one".into(),
@@ -257,33 +339,37 @@ impl<B: Backend<Shared = OwnedFd>> Exported<B> {
                 "receiving an export: {count} mappings"
             )));
         }
-        let mut pieces = Vec::with_capacity(count as usize);
+        let mut pieces = Vec::with_capacity((count as usize).min(BATCH));
         while pieces.len() < count as usize {
             let mut frame = [0u8; FRAME];
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(BATCH))];
-            let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-            let got = rustix::net::recvmsg(
-                socket,
-                &mut [IoSliceMut::new(&mut frame)],
-                &mut control,
-                rustix::net::RecvFlags::CMSG_CLOEXEC,
-            )
-            .map_err(|e| io("receiving shared handles")(e.into()))?
-            .bytes;
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let got = retry(|| {
+                rustix::net::recvmsg(
+                    socket,
+                    &mut [IoSliceMut::new(&mut frame)],
+                    &mut control,
+                    RecvFlags::CMSG_CLOEXEC,
+                )
+            })
+            .map_err(io("receiving shared handles"))?;
             let mut fds = Vec::new();
             for message in control.drain() {
-                if let rustix::net::RecvAncillaryMessage::ScmRights(r) = message {
+                if let RecvAncillaryMessage::ScmRights(r) = message {
                     fds.extend(r);
                 }
             }
-            if got == 0 {
+            if got.flags.contains(ReturnFlags::CTRUNC) {
                 return Err(Error::InvalidArgument(
-                    "receiving an export: the sender closed the socket early".into(),
+                    "receiving an export: handles were cut off (is this process at its \
+                     descriptor limit?)"
+                        .into(),
                 ));
             }
-            socket
-                .read_exact(&mut frame[got..])
-                .map_err(io("receiving shared handles"))?;
+            if got.bytes == 0 {
+                return Err(closed());
+            }
+            recv_all(socket, &mut frame[got.bytes..])?;
             let n = word(&frame, 0) as usize;
             let left = count as usize - pieces.len();
             if n == 0 || n > BATCH || n > left || fds.len() != n {
@@ -304,6 +390,7 @@ impl<B: Backend<Shared = OwnedFd>> Exported<B> {
 mod tests {
     use super::*;
     use std::fs::File;
+    use std::io::Write;
 
     /// `n` files of 1..=n bytes as the handles of an export, sent over a
     /// socket pair: each arrives, in order, with its length.

@@ -457,8 +457,11 @@ impl<B: Backend> Region<B> {
     /// mapped now and all it maps later, until
     /// [`Region::revoke_access`]. Granting the own device, or a device
     /// granted before, does nothing. A device that does not exist or has
-    /// no peer path to this one is an error, and so is a failed grant on
-    /// a mapping, which leaves `peer` without access to any.
+    /// no peer path to this one is an error. So is a grant the driver
+    /// refuses on a mapping: the grants made before it are undone, and
+    /// `peer` has access to none; if undoing one fails too, `peer` stays
+    /// listed in [`Region::peers`] (it may reach some mappings), so that
+    /// [`Region::revoke_access`] can take the rest away.
     pub fn grant_access(&self, peer: i32) -> Result<()> {
         let backend = &self.res.backend;
         backend.check_peer(peer)?;
@@ -466,14 +469,18 @@ impl<B: Backend> Region<B> {
         if peer == backend.device() || m.peers.contains(&peer) {
             return Ok(());
         }
-        let mut done = Vec::with_capacity(m.list.len());
-        for (at, len) in m.extents(self.base) {
+        let extents: Vec<(u64, usize)> = m.extents(self.base).collect();
+        let mut done = Vec::with_capacity(extents.len());
+        for (at, len) in extents {
             // SAFETY: each extent is one mapping (the invariant on `Extents`).
             if let Err(e) = unsafe { backend.set_access(at, len, &[peer]) } {
-                for (at, len) in done {
+                let undone = done.into_iter().all(|(at, len)| {
                     // SAFETY: as above; `peer` got access a moment ago and
                     // nothing it runs knows the memory yet.
-                    let _ = unsafe { backend.revoke_access(at, len, peer) };
+                    unsafe { backend.revoke_access(at, len, peer) }.is_ok()
+                });
+                if !undone {
+                    m.peers.push(peer);
                 }
                 return Err(e);
             }
@@ -485,8 +492,11 @@ impl<B: Backend> Region<B> {
 
     /// Takes device `peer`'s access to the region away: from every
     /// mapping, and from those it maps later. A device never granted
-    /// does nothing; the own device's access cannot be taken. A failed
-    /// revoke keeps `peer` granted (call again).
+    /// does nothing; the own device's access cannot be taken. When the
+    /// driver refuses a mapping's revoke, `peer` has lost access to the
+    /// mappings before it and keeps it to the others; it stays listed in
+    /// [`Region::peers`] (and later mappings still grant it), so a second
+    /// call can finish the revoke.
     ///
     /// # Safety
     ///
@@ -542,6 +552,12 @@ impl<B: Backend> Region<B> {
             }
         }
         Exported::from_handles(pieces, offset - first.unwrap_or(0), len)
+    }
+
+    /// Each mapping's offset from `base` and length, in address order.
+    pub fn mappings(&self) -> Vec<(usize, usize)> {
+        let m = self.lock();
+        m.extents(0).map(|(at, len)| (at as usize, len)).collect()
     }
 
     /// The last mapping: its offset from `base` and its length.

@@ -168,3 +168,52 @@ fn banked_memory_takes_the_grants_of_whoever_maps_it() {
     assert!(reaches(res.backend(), 0, heap.base(), 96 * MIB));
     assert!(!reaches(res.backend(), 1, heap.base(), 96 * MIB));
 }
+
+/// A driver that refuses a grant on one mapping: the grants made before
+/// it are undone. One that refuses a revoke part-way: the device stays
+/// listed, keeps the mappings not yet revoked, and a second call
+/// finishes.
+#[test]
+fn refused_grants_are_undone_and_refused_revokes_can_be_finished() {
+    let pool = Pool::with_backend(backend(), config()).unwrap();
+    let s = HostStream::new();
+    let b = pool.backend();
+    let first = pool.alloc(MIB, &s).unwrap();
+    let large = pool.alloc(64 * MIB, &s).unwrap();
+    let last_page = large + (64 * MIB - 65536) as u64;
+    let maps: Vec<u64> = pool
+        .snapshot()
+        .mappings
+        .iter()
+        .map(|m| pool.base() + m.offset as u64)
+        .collect();
+    assert!(maps.len() >= 3, "{maps:?}");
+    assert!(first < maps[1] && last_page >= maps[2]);
+
+    b.refuse_access_at(maps[1], true);
+    assert!(pool.grant_access(1).is_err());
+    assert!(pool.peers().is_empty());
+    assert!(
+        !reaches(b, 1, first, MIB),
+        "the first mapping's grant was undone"
+    );
+    assert!(!reaches(b, 1, last_page, 65536));
+
+    b.refuse_access_at(maps[1], false);
+    pool.grant_access(1).unwrap();
+    assert!(reaches(b, 1, first, MIB) && reaches(b, 1, large, 64 * MIB));
+
+    b.refuse_access_at(maps[1], true);
+    // SAFETY: no work on device 1 uses the pool (host memory, no kernels).
+    assert!(unsafe { pool.revoke_access(1) }.is_err());
+    assert_eq!(pool.peers(), [1], "still listed");
+    assert!(!reaches(b, 1, first, MIB), "revoked before the refusal");
+    assert!(reaches(b, 1, last_page, 65536), "not yet revoked");
+    b.refuse_access_at(maps[1], false);
+    // SAFETY: as above.
+    unsafe { pool.revoke_access(1) }.unwrap();
+    assert!(pool.peers().is_empty());
+    assert!(!reaches(b, 1, last_page, 65536) && !reaches(b, 1, first, MIB));
+    pool.free(first, &s).unwrap();
+    pool.free(large, &s).unwrap();
+}

@@ -146,3 +146,68 @@ fn bad_exports_and_imports_are_refused() {
     );
     pool.free(p, &s).unwrap();
 }
+
+/// A block that starts past the pool's first mappings is found at its
+/// offset in the mappings shared; closing the import unmaps all it
+/// mapped and gives its reservation back.
+#[test]
+fn a_block_in_a_later_mapping_lies_at_its_offset_and_closing_unmaps_it() {
+    let pool = Pool::with_backend(HostBackend::new(2 * MIB, 1 << 30), config()).unwrap();
+    let s = HostStream::new();
+    let fillers: Vec<u64> = (0..3).map(|_| pool.alloc(6 * MIB, &s).unwrap()).collect();
+    let block = pool.alloc(3 * MIB, &s).unwrap();
+    let maps = pool.snapshot().mappings;
+    let first = maps
+        .iter()
+        .position(|m| pool.base() + (m.offset + m.len) as u64 > block)
+        .unwrap();
+    assert!(first >= 1, "the block starts in mapping {first}");
+    pool.backend().write(block, &pattern(3 * MIB, 9)).unwrap();
+    let e = pool.export_block(block).unwrap();
+    assert_eq!(
+        e.offset(),
+        (block - pool.base()) as usize - maps[first].offset,
+        "the block's place in its first mapping"
+    );
+    let there = import(&e);
+    assert!(read(there.backend(), there.ptr(), 3 * MIB) == pattern(3 * MIB, 9));
+    let mapped = there.backend().mapped();
+    assert_eq!(mapped, e.mapped());
+    let b = there.close().unwrap();
+    assert_eq!((b.mapped(), b.counts().unmaps), (0, e.mappings() as u64));
+    assert_eq!(b.physical(), 0, "the imported memory was let go");
+    for p in fillers.into_iter().chain([block]) {
+        pool.free(p, &s).unwrap();
+    }
+}
+
+/// An import that fails part-way (here, on a second mapping whose length
+/// is wrong) leaves nothing mapped.
+#[test]
+fn an_import_that_fails_part_way_leaves_nothing_mapped() {
+    let pool = Pool::with_backend(HostBackend::new(2 * MIB, 1 << 30), config()).unwrap();
+    let s = HostStream::new();
+    let a = pool.alloc(MIB, &s).unwrap();
+    let b = pool.alloc(20 * MIB, &s).unwrap();
+    let mut pieces = pool.export_block(a).unwrap().into_handles();
+    let (len, second) = pool.export_block(b).unwrap().into_handles().pop().unwrap();
+    pieces.push((len + 2 * MIB, second)); // not what was shared
+    let total = pieces.iter().map(|p| p.0).sum();
+    let e = Exported::from_handles(pieces, 0, total).unwrap();
+    let backend = HostBackend::new(2 * MIB, 1 << 30);
+    let unmaps = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = unmaps.clone();
+    backend.on_unmap(move |_, _| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    // The backend's unreserve panics if anything is still mapped.
+    let err = Imported::map(backend, &e).err().unwrap();
+    assert!(err.to_string().contains("import of"), "{err}");
+    assert_eq!(
+        unmaps.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the first mapping was unmapped again"
+    );
+    pool.free(a, &s).unwrap();
+    pool.free(b, &s).unwrap();
+}

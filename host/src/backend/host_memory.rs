@@ -52,12 +52,18 @@ pub struct HostBackend {
     devices: i32,
     /// Whether memory can be shared with another backend.
     shares: bool,
+    /// Whether memory keeps bytes (else reads and writes fail, and
+    /// `create` allocates nothing on the host).
+    contents: bool,
     /// Physical memory `create` may hand out in all.
     capacity: usize,
     state: Mutex<State>,
     /// Physical bytes alive (shared with [`HostMemory`] for its drop).
     physical: Arc<AtomicUsize>,
     counts: Mutex<HostCounts>,
+    /// Mappings (by address) whose access changes fail (see
+    /// [`HostBackend::refuse_access_at`]).
+    refused: Mutex<Vec<u64>>,
     /// Called at the start of every unmap (see [`HostBackend::on_unmap`]).
     unmap_hook: Mutex<Option<UnmapHook>>,
 }
@@ -195,6 +201,7 @@ impl HostBackend {
             granularity: granularity.max(1),
             devices: 1,
             shares: true,
+            contents: true,
             capacity,
             state: Mutex::new(State {
                 next: BASE,
@@ -202,6 +209,7 @@ impl HostBackend {
             }),
             physical: Arc::new(AtomicUsize::new(0)),
             counts: Mutex::new(HostCounts::default()),
+            refused: Mutex::new(Vec::new()),
             unmap_hook: Mutex::new(None),
         }
     }
@@ -219,6 +227,24 @@ impl HostBackend {
     pub fn without_sharing(mut self) -> HostBackend {
         self.shares = false;
         self
+    }
+
+    /// The same backend keeping no contents: `create` takes no host
+    /// memory, and reads and writes fail. For models of large pools
+    /// (`cuheap snapshot --replay` replays traces of many GiB on it).
+    pub fn without_contents(mut self) -> HostBackend {
+        self.contents = false;
+        self
+    }
+
+    /// Makes access changes (grants and revokes) on the mapping at `at`
+    /// fail, as a driver that refuses them, until called with `false`.
+    pub fn refuse_access_at(&self, at: u64, refuse: bool) {
+        let mut r = lock(&self.refused);
+        r.retain(|&a| a != at);
+        if refuse {
+            r.push(at);
+        }
     }
 
     /// Runs `hook(at, bytes)` at the start of every unmap, before the range
@@ -288,6 +314,11 @@ impl HostBackend {
             ))
         };
         let bit = 1u64.checked_shl(device as u32).filter(|_| device >= 0);
+        if !self.contents {
+            return Err(Error::InvalidArgument(
+                "this backend keeps no contents (HostBackend::without_contents)".into(),
+            ));
+        }
         let state = lock(&self.state);
         let mut pieces = Vec::new();
         let mut done = 0usize;
@@ -317,10 +348,16 @@ impl HostBackend {
     }
 
     /// Changes the access bits of the mapping at `at`, which must be
-    /// exactly `bytes` long.
-    fn access(&self, at: u64, bytes: usize, change: impl FnOnce(&mut u64)) {
+    /// exactly `bytes` long (an error if a test refuses it).
+    fn access(&self, at: u64, bytes: usize, change: impl FnOnce(&mut u64)) -> Result<()> {
         match lock(&self.state).mapped.get_mut(&at) {
-            Some(m) if m.bytes == bytes => change(&mut m.access),
+            Some(_) if lock(&self.refused).contains(&at) => Err(Error::InvalidArgument(format!(
+                "access change at {at:#x} refused (HostBackend::refuse_access_at)"
+            ))),
+            Some(m) if m.bytes == bytes => {
+                change(&mut m.access);
+                Ok(())
+            }
             _ => panic!("access change on {bytes} bytes at {at:#x}, which is not one mapping"),
         }
     }
@@ -381,7 +418,11 @@ impl Backend for HostBackend {
             });
         }
         Ok(HostMemory {
-            bytes: Arc::new(Mutex::new(vec![POISON; bytes])),
+            bytes: Arc::new(Mutex::new(if self.contents {
+                vec![POISON; bytes]
+            } else {
+                Vec::new()
+            })),
             len: bytes,
             physical: self.physical.clone(),
             imported: false,
@@ -436,8 +477,7 @@ impl Backend for HostBackend {
             assert!(self.check_peer(p).is_ok(), "set_access for device {p}");
         }
         let bits = peers.iter().fold(1u64, |a, &p| a | 1 << p);
-        self.access(at, bytes, |a| *a |= bits);
-        Ok(())
+        self.access(at, bytes, |a| *a |= bits)
     }
 
     unsafe fn revoke_access(&self, at: u64, bytes: usize, peer: i32) -> Result<()> {
@@ -445,8 +485,7 @@ impl Backend for HostBackend {
             peer != 0 && self.check_peer(peer).is_ok(),
             "revoke_access for device {peer}"
         );
-        self.access(at, bytes, |a| *a &= !(1u64 << peer));
-        Ok(())
+        self.access(at, bytes, |a| *a &= !(1u64 << peer))
     }
 
     unsafe fn unmap(&self, at: u64, bytes: usize) -> Result<()> {

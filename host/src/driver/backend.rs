@@ -57,12 +57,29 @@ impl CudaBackend {
 
     /// A backend whose memory other processes can map: each
     /// `cuMemCreate` asks for a POSIX file descriptor handle
-    /// ([`Backend::share`] exports it).
-    pub fn shareable(ctx: &Arc<CudaContext>) -> CudaBackend {
-        CudaBackend {
+    /// ([`Backend::share`] exports it). A device whose driver does not
+    /// support such handles (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`)
+    /// is an [`Error::InvalidArgument`] that says so.
+    pub fn shareable(ctx: &Arc<CudaContext>) -> Result<CudaBackend> {
+        let attr =
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
+        let device = ctx.ordinal() as i32;
+        let supported = result::device::get(device)
+            .and_then(|d| {
+                // SAFETY: a device handle from cuDeviceGet.
+                unsafe { result::device::get_attribute(d, attr) }
+            })
+            .during("cuDeviceGetAttribute")?;
+        if supported == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "device {device} cannot share memory with other processes: its driver does not \
+                 support POSIX file descriptor handles"
+            )));
+        }
+        Ok(CudaBackend {
             shareable: true,
             ..CudaBackend::new(ctx)
-        }
+        })
     }
 
     /// How `cuMemCreate` makes this backend's memory.
@@ -286,7 +303,7 @@ impl Backend for CudaBackend {
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    fn import(&self, shared: &OwnedFd, bytes: usize) -> Result<CudaMemory> {
+    fn import(&self, shared: &OwnedFd, _bytes: usize) -> Result<CudaMemory> {
         self.bind()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: out-parameter; a POSIX handle is passed as the
@@ -300,23 +317,11 @@ impl Backend for CudaBackend {
         }
         .result()
         .during("cuMemImportFromShareableHandle")?;
-        let memory = CudaMemory {
+        // Its length is the exporter's word: a wrong one fails the map.
+        Ok(CudaMemory {
             handle,
             ctx: self.ctx.clone(),
-        };
-        let mut p = prop(self.device);
-        // SAFETY: out-parameter; the handle was just imported.
-        unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut p, handle) }
-            .result()
-            .during("cuMemGetAllocationPropertiesFromHandle")?;
-        if p.location.id != self.device {
-            return Err(Error::InvalidArgument(format!(
-                "the shared memory ({bytes} bytes) lives on device {}; import it on a context \
-                 of that device, not device {}",
-                p.location.id, self.device
-            )));
-        }
-        Ok(memory)
+        })
     }
 
     fn free_memory(&self) -> usize {

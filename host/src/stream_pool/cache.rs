@@ -138,6 +138,15 @@ impl<E> Cache<E> {
         out
     }
 
+    /// Every block held, in no order.
+    pub(super) fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.classes
+            .iter()
+            .chain(self.spans.values())
+            .flatten()
+            .copied()
+    }
+
     /// Takes every block.
     pub(super) fn drain(&mut self) -> Vec<u64> {
         let mut all: Vec<u64> = self.classes.iter_mut().flat_map(std::mem::take).collect();

@@ -48,6 +48,15 @@ impl LiveBits {
         w.load(Ordering::Acquire) & m != 0
     }
 
+    /// Live blocks of the page whose bits start at `page`.
+    pub(super) fn count_page(&self, page: u32) -> u32 {
+        let at = page as usize * WORDS_PER_PAGE;
+        self.0[at..at + WORDS_PER_PAGE]
+            .iter()
+            .map(|w| w.load(Ordering::Acquire).count_ones())
+            .sum()
+    }
+
     /// Marks a block free; false if it was not live.
     pub(super) fn clear(&self, b: &BlockInfo) -> bool {
         let (w, m) = self.at(b);

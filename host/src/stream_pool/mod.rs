@@ -38,6 +38,7 @@ mod buffer;
 mod cache;
 mod guard;
 mod live;
+mod snapshot;
 mod stats;
 
 pub use buffer::DeviceBuffer;
@@ -198,7 +199,7 @@ impl Pool<CudaBackend> {
     /// `cfg.shareable`).
     pub fn new(ctx: &Arc<CudaContext>, cfg: PoolConfig) -> Result<Pool> {
         let backend = if cfg.shareable {
-            CudaBackend::shareable(ctx)
+            CudaBackend::shareable(ctx)?
         } else {
             CudaBackend::new(ctx)
         };
@@ -324,14 +325,21 @@ impl<B: Backend> Pool<B> {
         self.region.reserved()
     }
 
+    /// Bytes of physical memory mapped now (as [`PoolStats::reserved`],
+    /// without the scan [`Pool::stats`] makes).
+    pub fn mapped(&self) -> usize {
+        self.region.mapped()
+    }
+
     /// Lets kernels on device `peer` read and write the pool's blocks:
     /// every block, those mapped now and those of memory the pool maps
     /// later, as `cudaMemPoolSetAccess` does for a stream-ordered pool.
     /// Granting the pool's own device, or a device granted before, does
     /// nothing. A device that does not exist, or that the driver says has
     /// no peer path to the pool's device, is an
-    /// [`Error::InvalidArgument`] that names it; a grant the driver
-    /// refuses on any mapping leaves `peer` without access to all.
+    /// [`Error::InvalidArgument`] that names it. A grant the driver
+    /// refuses on a mapping is undone (see [`Region::grant_access`] for
+    /// the case where undoing fails too).
     ///
     /// Work on `peer` orders itself after the pool's streams as any
     /// cross-device work does: with events (the pool's stream order
@@ -343,7 +351,8 @@ impl<B: Backend> Pool<B> {
     /// Takes device `peer`'s access to the pool away, from all memory
     /// mapped now and later. A device never granted does nothing; the
     /// pool's own device is an [`Error::InvalidArgument`]. A revoke the
-    /// driver refuses keeps `peer` granted.
+    /// driver refuses part-way leaves `peer` listed, with access to the
+    /// mappings not yet revoked; call again to finish it.
     ///
     /// # Safety
     ///
@@ -1005,7 +1014,7 @@ impl<B: Backend> Pool<B> {
     }
 
     fn exhausted(&self, requested: usize) -> Error {
-        let (s, largest) = self.snapshot();
+        let (s, largest) = self.stats_and_largest();
         Error::PoolExhausted {
             requested,
             reserved: s.reserved,

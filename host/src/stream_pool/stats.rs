@@ -82,12 +82,12 @@ impl<B: Backend> Pool<B> {
 
     /// A snapshot of the pool's state (O(mapped pages + streams)).
     pub fn stats(&self) -> PoolStats {
-        self.snapshot().0
+        self.stats_and_largest().0
     }
 
     /// [`Pool::stats`] and the largest free run of the mapped heap, from
     /// one scan of the page map.
-    pub(super) fn snapshot(&self) -> (PoolStats, usize) {
+    pub(super) fn stats_and_largest(&self) -> (PoolStats, usize) {
         let mut cached_per_stream = Vec::new();
         let mut per_stream = [0u64; 4];
         let mut net = 0i64;

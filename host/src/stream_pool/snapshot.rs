@@ -1,0 +1,120 @@
+//! [`Pool::snapshot`]: the pool's memory page by page.
+
+use super::Pool;
+use crate::backend::Backend;
+use crate::snapshot::{Extent, Holder, PageRun, Snapshot, StreamHold};
+use cuheap_core::page::{decode, decode_kind, Kind};
+use cuheap_core::size_class::{blocks_per_page, class_size, page_units, PAGE_SIZE};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+impl<B: Backend> Pool<B> {
+    /// A picture of the pool's memory now: its mappings, every mapped page
+    /// (free runs, size-class pages with their live and cached blocks,
+    /// spans and who holds each), and what each stream caches. Taken
+    /// without stopping the pool's other threads, so a snapshot taken
+    /// during calls may be a moment off here and there. O(mapped pages +
+    /// cached blocks). [`Snapshot::to_json`] and [`Snapshot::html`] write
+    /// it out.
+    pub fn snapshot(&self) -> Snapshot {
+        let heap = self.heap();
+        let base = self.region.base();
+        // Who caches what: a block's stream, and cached blocks per page.
+        let mut holder: HashMap<u64, u64> = HashMap::new();
+        let mut cached_on_page: HashMap<u32, u32> = HashMap::new();
+        let mut streams = Vec::new();
+        for (id, sc) in self.caches.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            let c = sc.lock();
+            let mut blocks = 0;
+            for ptr in c.blocks() {
+                blocks += 1;
+                holder.insert(ptr, *id as u64);
+                if let Ok(b) = heap.block_at(ptr as usize) {
+                    *cached_on_page.entry(b.page).or_default() += 1;
+                }
+            }
+            streams.push(StreamHold {
+                stream: *id as u64,
+                blocks,
+                bytes: c.bytes,
+            });
+        }
+        streams.sort_by_key(|s| s.stream);
+        let stats = self.stats();
+        let mappings = self.region.mappings();
+        let mapped = self.region.mapped();
+        let pages_mapped = (mapped / PAGE_SIZE).min(heap.page_count() as usize);
+        let descs = heap.descs();
+        let mut runs: Vec<PageRun> = Vec::new();
+        let mut i = 0usize;
+        while i < pages_mapped {
+            let d = &descs[i];
+            let offset = i * PAGE_SIZE;
+            let (run, len) = match decode_kind(d.kind.load(Ordering::Acquire)) {
+                Kind::Class(c) if (c as usize) < cuheap_core::CLASS_COUNT => {
+                    let capacity = blocks_per_page(c);
+                    let free = decode(d.avail.load(Ordering::Acquire)).free;
+                    let used = (capacity as i64 - free.max(0)).max(0) as u32;
+                    let units = page_units(c);
+                    let run = PageRun::Class {
+                        offset,
+                        pages: units,
+                        block: class_size(c) as usize,
+                        capacity,
+                        used,
+                        live: self.live.count_page(i as u32),
+                        cached: cached_on_page.get(&(i as u32)).copied().unwrap_or(0),
+                    };
+                    (run, units as usize)
+                }
+                Kind::SpanHead => {
+                    let pages = d.span.load(Ordering::Acquire).max(1);
+                    let ptr = base + offset as u64;
+                    let live = heap
+                        .block_at(ptr as usize)
+                        .is_ok_and(|b| self.live.is_set(&b));
+                    let holder = match (live, holder.get(&ptr)) {
+                        (true, _) => Holder::Live,
+                        (false, Some(&stream)) => Holder::Cached { stream },
+                        (false, None) => Holder::Returning,
+                    };
+                    let run = PageRun::Span {
+                        offset,
+                        pages,
+                        holder,
+                    };
+                    (run, pages as usize)
+                }
+                // Free, and (in a snapshot taken during a change) a tail
+                // or a class page being made: drawn as free.
+                _ => {
+                    match runs.last_mut() {
+                        Some(PageRun::Free { pages, .. }) => *pages += 1,
+                        _ => runs.push(PageRun::Free { offset, pages: 1 }),
+                    }
+                    i += 1;
+                    continue;
+                }
+            };
+            runs.push(run);
+            i += len.max(1);
+        }
+        Snapshot {
+            device: self.backend().device(),
+            base,
+            page_size: PAGE_SIZE,
+            reserved: self.region.reserved(),
+            mapped,
+            mappings: mappings
+                .into_iter()
+                .map(|(offset, len)| Extent { offset, len })
+                .collect(),
+            pages: runs,
+            streams,
+            in_use: stats.in_use,
+            cached: stats.cached_per_stream.iter().map(|c| c.1).sum(),
+            retired: stats.retired,
+            peak_in_use: stats.peak_in_use,
+        }
+    }
+}
