@@ -177,6 +177,14 @@ int cuheap_pool_grant_access(cuheap_pool_t* pool, int device);
  * pool's own device: CUHEAP_ERROR_INVALID). No work on device may still
  * use the pool's memory. */
 int cuheap_pool_revoke_access(cuheap_pool_t* pool, int device);
+/* The pool's memory page by page: its mappings, free runs, size-class
+ * pages (live, cached and returning blocks), spans and the stream that
+ * caches each, as JSON into json (size bytes with the terminating NUL;
+ * *needed, if not NULL, gets the bytes it takes; a NULL json only asks)
+ * and as an HTML page written to html_path (if not NULL). A json buffer
+ * too small: CUHEAP_ERROR_INVALID, nothing written to it. */
+int cuheap_pool_snapshot(cuheap_pool_t* pool, char* json, size_t size, size_t* needed,
+                         const char* html_path);
 int cuheap_pool_get_stats(cuheap_pool_t* pool, cuheap_pool_stats_t* out);
 /* Waits for the device and frees the pool's memory (blocks not freed
  * go with it). NULL does nothing. */
@@ -228,6 +236,9 @@ void* cuheap_cupy_malloc(void* param, size_t size, int device);
 void cuheap_cupy_free(void* param, void* ptr, int device);
 int cuheap_device_pool_get_stats(int device, cuheap_pool_stats_t* out);
 int cuheap_device_pool_trim(int device, size_t keep, size_t* mapped);
+/* cuheap_pool_snapshot of the process's pool on device. */
+int cuheap_device_pool_snapshot(int device, char* json, size_t size, size_t* needed,
+                                const char* html_path);
 
 #ifdef __cplusplus
 }

@@ -84,6 +84,13 @@ def _library():
         lib = ctypes.CDLL(library_path())
         lib.cuheap_last_error.restype = ctypes.c_char_p
         lib.cuheap_device_pool_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(PoolStats)]
+        lib.cuheap_device_pool_snapshot.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.c_char_p,
+        ]
         lib.cuheap_device_pool_trim.argtypes = [
             ctypes.c_int,
             ctypes.c_size_t,
@@ -144,3 +151,22 @@ def trim(device=0, keep=0):
     mapped = ctypes.c_size_t()
     _check(_library().cuheap_device_pool_trim(device, keep, ctypes.byref(mapped)), "cuheap trim")
     return mapped.value
+
+
+def snapshot(device=0, html=None):
+    """The pool's memory on ``device`` page by page (mappings, free runs,
+    size-class pages, spans and the streams that cache them), as a dict
+    read from its JSON; also drawn as an HTML page at the path ``html``
+    if given (``cuheap snapshot FILE.json`` draws a saved one)."""
+    import json
+
+    lib = _library()
+    path = html.encode() if html is not None else None
+    for _ in range(4):  # the pool may change between the two calls
+        needed = ctypes.c_size_t()
+        _check(lib.cuheap_device_pool_snapshot(device, None, 0, ctypes.byref(needed), None), "cuheap snapshot")
+        buf = ctypes.create_string_buffer(needed.value + 4096)
+        rc = lib.cuheap_device_pool_snapshot(device, buf, len(buf), ctypes.byref(needed), path)
+        if rc == 0:
+            return json.loads(buf.value.decode())
+    _check(rc, "cuheap snapshot")

@@ -14,10 +14,10 @@
 //! format (written out when the process exits), for `cuheap replay`.
 
 use crate::pool::{CuheapPool, CuheapPoolConfig, CuheapPoolStats};
-use crate::{device_context, entry, invalid, put};
+use crate::{device_context, entry, invalid, put, write_snapshot};
 use cuheap_host::cudarc::driver::sys;
 use cuheap_host::{Result, TraceLog};
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -228,6 +228,28 @@ pub unsafe extern "C" fn cuheap_device_pool_get_stats(
         let s = device_pool(device)?.pool().stats();
         // SAFETY: NULL or writable.
         unsafe { put(out, CuheapPoolStats::from(&s), "out") }
+    })
+}
+
+/// The process's pool on `device` page by page, as
+/// [`cuheap_pool_snapshot`](crate::pool::cuheap_pool_snapshot): `int
+/// cuheap_device_pool_snapshot(int device, char* json, size_t size,
+/// size_t* needed, const char* html_path)`.
+///
+/// # Safety
+///
+/// As `write_snapshot` says of the pointers.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_pool_snapshot(
+    device: c_int,
+    json: *mut c_char,
+    size: usize,
+    needed: *mut usize,
+    html: *const c_char,
+) -> c_int {
+    entry("cuheap_device_pool_snapshot", || {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { write_snapshot(device_pool(device)?.pool(), json, size, needed, html) }
     })
 }
 

@@ -209,5 +209,51 @@ pub(crate) unsafe fn put<T>(out: *mut T, value: T, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Writes `pool`'s snapshot: as JSON into `buf` (`size` bytes, with a
+/// terminating NUL; `*needed`, if not NULL, gets the bytes it takes; a
+/// NULL `buf` only asks), and as an HTML page to the file at `html` (if
+/// not NULL). A `buf` too small is refused, and nothing is written to it.
+///
+/// # Safety
+///
+/// `buf` is NULL or writable for `size` bytes; `needed` is NULL or
+/// writable; `html` is NULL or a NUL-terminated path.
+pub(crate) unsafe fn write_snapshot(
+    pool: &cuheap_host::Pool,
+    buf: *mut c_char,
+    size: usize,
+    needed: *mut usize,
+    html: *const c_char,
+) -> Result<()> {
+    let snap = pool.snapshot();
+    let json = snap.to_json();
+    if !needed.is_null() {
+        // SAFETY: writable by the caller's contract.
+        unsafe { needed.write(json.len() + 1) };
+    }
+    if !buf.is_null() {
+        if size < json.len() + 1 {
+            return invalid(format!(
+                "a buffer of {size} bytes for a snapshot of {} (with its NUL)",
+                json.len() + 1
+            ));
+        }
+        // SAFETY: `buf` holds `size` >= len + 1 bytes by the caller's
+        // contract; the JSON has no NUL.
+        unsafe {
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
+            buf.add(json.len()).write(0);
+        }
+    }
+    if !html.is_null() {
+        // SAFETY: a NUL-terminated string by the caller's contract.
+        let path = unsafe { std::ffi::CStr::from_ptr(html) }.to_string_lossy();
+        let title = format!("cuheap pool on device {}", snap.device);
+        std::fs::write(&*path, snap.html(&title, None))
+            .map_err(|e| Error::InvalidArgument(format!("writing {path}: {e}")))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

@@ -1,12 +1,12 @@
 //! `cuheap_pool_*`: the host pool on CUDA streams (`cudaStream_t` and
 //! `CUstream` are the same handle).
 
-use crate::{current_context, entry, invalid, put};
+use crate::{current_context, entry, invalid, put, write_snapshot};
 use cuheap_host::cudarc::driver::{sys, CudaContext, CudaStream};
 use cuheap_host::{Context, Pool, PoolConfig, PoolStats, Result};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -381,6 +381,28 @@ pub unsafe extern "C" fn cuheap_pool_revoke_access(
     entry("cuheap_pool_revoke_access", || {
         // SAFETY: the caller's contract, forwarded.
         unsafe { pool_ref(pool)?.pool.revoke_access(device) }
+    })
+}
+
+/// The pool's memory page by page (see `Pool::snapshot`): `int
+/// cuheap_pool_snapshot(cuheap_pool_t*, char* json, size_t size, size_t*
+/// needed, const char* html_path)`.
+///
+/// # Safety
+///
+/// `pool` is NULL (refused) or a live pool; the other pointers as
+/// `write_snapshot` says.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_pool_snapshot(
+    pool: *const CuheapPool,
+    json: *mut c_char,
+    size: usize,
+    needed: *mut usize,
+    html: *const c_char,
+) -> c_int {
+    entry("cuheap_pool_snapshot", || {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { write_snapshot(&pool_ref(pool)?.pool, json, size, needed, html) }
     })
 }
 

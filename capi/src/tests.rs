@@ -50,6 +50,10 @@ fn null_handles_and_out_pointers_are_refused_with_a_message() {
             cuheap_pool_revoke_access(null_mut(), 1),
             CUHEAP_ERROR_INVALID
         );
+        assert_eq!(
+            cuheap_pool_snapshot(null_mut(), null_mut(), 0, null_mut(), std::ptr::null()),
+            CUHEAP_ERROR_INVALID
+        );
         let mut s = CuheapPoolStats::default();
         assert_eq!(
             cuheap_pool_get_stats(null_mut(), &mut s),
@@ -285,6 +289,43 @@ fn the_pool_through_the_c_api() {
         // Access: the own device is a no-op (grant) or refused (revoke);
         // a device that does not exist is refused by name.
         assert_eq!(cuheap_pool_grant_access(pool, 0), CUHEAP_OK);
+        // The snapshot: asked for, refused into a short buffer, written
+        // into one that fits (JSON that reads back), and drawn.
+        let mut needed = 0usize;
+        let none = std::ptr::null();
+        assert_eq!(
+            cuheap_pool_snapshot(pool, null_mut(), 0, &mut needed, none),
+            CUHEAP_OK
+        );
+        let mut buf = vec![0u8; needed];
+        assert_eq!(
+            cuheap_pool_snapshot(pool, buf.as_mut_ptr().cast(), needed - 1, null_mut(), none),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(buf[0], 0, "nothing written to a short buffer");
+        let html = std::env::temp_dir().join(format!("cuheap-capi-{}.html", std::process::id()));
+        let path = std::ffi::CString::new(html.to_str().unwrap()).unwrap();
+        assert_eq!(
+            cuheap_pool_snapshot(
+                pool,
+                buf.as_mut_ptr().cast(),
+                needed,
+                null_mut(),
+                path.as_ptr()
+            ),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        let text = std::ffi::CStr::from_bytes_with_nul(&buf)
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let snap = cuheap_host::Snapshot::from_json(text).unwrap();
+        snap.check().unwrap();
+        assert_eq!(snap.mapped, mapped);
+        assert!(std::fs::read_to_string(&html).unwrap().contains("<svg"));
+        std::fs::remove_file(html).unwrap();
         assert_eq!(cuheap_pool_revoke_access(pool, 0), CUHEAP_ERROR_INVALID);
         assert!(last().contains("device 0 owns"), "{}", last());
         assert_eq!(cuheap_pool_grant_access(pool, 4096), CUHEAP_ERROR_INVALID);
