@@ -127,7 +127,13 @@ typedef struct cuheap_pool_config {
     size_t chunk;              /* mapping unit (32 MiB) */
     size_t stream_cache_limit; /* bytes one stream's cache may hold (64 MiB) */
     size_t cache_limit;        /* bytes all streams' caches may hold (256 MiB) */
+    size_t flags;              /* CUHEAP_POOL_SHAREABLE, or 0 */
 } cuheap_pool_config_t;
+
+/* cuheap_pool_config_t::flags: memory other processes can map
+ * (cuheap_pool_export_block); the device's driver must support POSIX
+ * file descriptor handles. */
+#define CUHEAP_POOL_SHAREABLE 1
 
 typedef struct cuheap_pool_stats {
     unsigned long long reserved;    /* bytes of device memory mapped */
@@ -186,6 +192,20 @@ int cuheap_pool_revoke_access(cuheap_pool_t* pool, int device);
 int cuheap_pool_snapshot(cuheap_pool_t* pool, char* json, size_t size, size_t* needed,
                          const char* html_path);
 int cuheap_pool_get_stats(cuheap_pool_t* pool, cuheap_pool_stats_t* out);
+/* Sends the live block at ptr (and the rest of the mappings under it:
+ * the driver shares whole mappings) to the process at the other end of a
+ * connected, blocking Unix stream socket. The pool needs
+ * CUHEAP_POOL_SHAREABLE. Keep the block allocated while it is used there. */
+int cuheap_pool_export_block(cuheap_pool_t* pool, const void* ptr, int socket);
+
+/* Memory another process exported, mapped in this one. */
+typedef struct cuheap_import cuheap_import_t;
+/* Receives what cuheap_pool_export_block sent and maps it in the current
+ * device's primary context: *ptr and *size (each may be NULL) get the
+ * block. A socket read timeout bounds the wait. *out is NULL on error. */
+int cuheap_import_receive(int socket, cuheap_import_t** out, void** ptr, size_t* size);
+/* Waits for the device and unmaps. NULL does nothing. */
+int cuheap_import_close(cuheap_import_t* import);
 /* Waits for the device and frees the pool's memory (blocks not freed
  * go with it). NULL does nothing. */
 int cuheap_pool_destroy(cuheap_pool_t* pool);
@@ -247,7 +267,7 @@ int cuheap_device_pool_snapshot(int device, char* json, size_t size, size_t* nee
 /* The layouts the library was built with. */
 typedef char cuheap_check_pool_stats_[sizeof(cuheap_pool_stats_t) == 80 ? 1 : -1];
 typedef char cuheap_check_stats_[sizeof(cuheap_stats_t) == 48 ? 1 : -1];
-typedef char cuheap_check_pool_config_[sizeof(cuheap_pool_config_t) == 40 ? 1 : -1];
+typedef char cuheap_check_pool_config_[sizeof(cuheap_pool_config_t) == 48 ? 1 : -1];
 typedef char cuheap_check_heap_desc_[sizeof(cuheap_heap_desc_t) == 40 ? 1 : -1];
 
 #if defined(__CUDACC__) && defined(__CUDACC_RDC__)

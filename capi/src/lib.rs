@@ -137,7 +137,7 @@ pub extern "C" fn cuheap_last_error() -> *const c_char {
 // The layouts `include/cuheap.h` declares (it checks the same sizes).
 const _: () = assert!(std::mem::size_of::<pool::CuheapPoolStats>() == 80);
 const _: () = assert!(std::mem::size_of::<heap::CuheapStats>() == 48);
-const _: () = assert!(std::mem::size_of::<pool::CuheapPoolConfig>() == 40);
+const _: () = assert!(std::mem::size_of::<pool::CuheapPoolConfig>() == 48);
 const _: () = assert!(std::mem::size_of::<heap::CuheapHeapDesc>() == 40);
 
 /// The primary context of device `ordinal` (the CUDA runtime's context

@@ -3,10 +3,12 @@
 
 use crate::{current_context, entry, invalid, put, write_snapshot};
 use cuheap_host::cudarc::driver::{sys, CudaContext, CudaStream};
-use cuheap_host::{Context, Pool, PoolConfig, PoolStats, Result};
+use cuheap_host::{Context, CudaBackend, Exported, Imported, Pool, PoolConfig, PoolStats, Result};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
+use std::os::fd::FromRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -26,7 +28,13 @@ pub struct CuheapPoolConfig {
     pub stream_cache_limit: usize,
     /// Bytes all streams' caches may hold together. Default 256 MiB.
     pub cache_limit: usize,
+    /// `CUHEAP_POOL_SHAREABLE`: memory other processes can map
+    /// (`cuheap_pool_export_block`). Other bits are refused.
+    pub flags: usize,
 }
+
+/// `cuheap_pool_config_t::flags`: memory other processes can map.
+pub const CUHEAP_POOL_SHAREABLE: usize = 1;
 
 impl CuheapPoolConfig {
     /// The pool's settings on a device of `memory` bytes.
@@ -41,6 +49,7 @@ impl CuheapPoolConfig {
         cfg.chunk = pick(self.chunk, cfg.chunk);
         cfg.stream_cache_limit = pick(self.stream_cache_limit, cfg.stream_cache_limit);
         cfg.cache_limit = pick(self.cache_limit, cfg.cache_limit);
+        cfg.shareable = self.flags & CUHEAP_POOL_SHAREABLE != 0;
         cfg
     }
 }
@@ -228,6 +237,9 @@ pub unsafe extern "C" fn cuheap_pool_create(
         }
         // SAFETY: NULL or a valid config (the caller's contract).
         let cfg = unsafe { config.as_ref() }.copied().unwrap_or_default();
+        if cfg.flags & !CUHEAP_POOL_SHAREABLE != 0 {
+            return invalid(format!("pool flags {:#x}", cfg.flags));
+        }
         let pool = CuheapPool::new(current_context()?, &cfg)?;
         // SAFETY: checked above; writable by the caller's contract.
         unsafe { put(out, Box::into_raw(Box::new(pool)), "out") }
@@ -442,5 +454,108 @@ pub unsafe extern "C" fn cuheap_pool_destroy(pool: *mut CuheapPool) -> c_int {
             drop(unsafe { Box::from_raw(pool) });
         }
         Ok(())
+    })
+}
+
+/// A connected Unix socket the caller owns, borrowed for one call.
+///
+/// # Safety
+///
+/// `fd` is an open descriptor that stays open during the call.
+unsafe fn borrow_socket(fd: c_int) -> Result<std::mem::ManuallyDrop<UnixStream>> {
+    if fd < 0 {
+        return invalid(format!("socket {fd}"));
+    }
+    // SAFETY: the caller's contract; never closed here (ManuallyDrop).
+    Ok(std::mem::ManuallyDrop::new(unsafe {
+        UnixStream::from_raw_fd(fd)
+    }))
+}
+
+/// Sends the live block at `ptr` to the process at the other end of the
+/// connected Unix stream socket `socket` (see `Pool::export_block`):
+/// `int cuheap_pool_export_block(cuheap_pool_t*, const void* ptr, int
+/// socket)`. The pool needs `CUHEAP_POOL_SHAREABLE`.
+///
+/// # Safety
+///
+/// `pool` is NULL (refused) or a live pool; `socket` is an open
+/// descriptor (or negative, refused).
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_pool_export_block(
+    pool: *const CuheapPool,
+    ptr: *const c_void,
+    socket: c_int,
+) -> c_int {
+    entry("cuheap_pool_export_block", || {
+        // SAFETY: the caller's contract.
+        let pool = unsafe { pool_ref(pool) }?;
+        // SAFETY: the caller's contract.
+        let socket = unsafe { borrow_socket(socket) }?;
+        pool.pool.export_block(ptr as u64)?.send(&socket)
+    })
+}
+
+/// Memory another process exported, mapped here (`cuheap_import_t`).
+pub struct CuheapImport(Imported);
+
+/// Receives a block from the other end of `socket` (what
+/// `cuheap_pool_export_block` sent) and maps it in the current device's
+/// primary context: `int cuheap_import_receive(int socket,
+/// cuheap_import_t** out, void** ptr, size_t* size)`. `*out` is NULL on
+/// error.
+///
+/// # Safety
+///
+/// `socket` is an open descriptor (or negative, refused); `out` is NULL
+/// (refused) or writable; `ptr` and `size` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_import_receive(
+    socket: c_int,
+    out: *mut *mut CuheapImport,
+    ptr: *mut *mut c_void,
+    size: *mut usize,
+) -> c_int {
+    if !out.is_null() {
+        // SAFETY: writable by the caller's contract.
+        unsafe { out.write(std::ptr::null_mut()) };
+    }
+    entry("cuheap_import_receive", || {
+        if out.is_null() {
+            return invalid("out is NULL");
+        }
+        // SAFETY: the caller's contract.
+        let socket = unsafe { borrow_socket(socket) }?;
+        let ctx = current_context()?;
+        let shared = Exported::<CudaBackend>::receive(&socket)?;
+        let imported = Imported::map(CudaBackend::new(&ctx), &shared)?;
+        if !ptr.is_null() {
+            // SAFETY: writable by the caller's contract.
+            unsafe { ptr.write(imported.ptr() as *mut c_void) };
+        }
+        if !size.is_null() {
+            // SAFETY: writable by the caller's contract.
+            unsafe { size.write(imported.len()) };
+        }
+        // SAFETY: checked above; writable by the caller's contract.
+        unsafe { put(out, Box::into_raw(Box::new(CuheapImport(imported))), "out") }
+    })
+}
+
+/// Unmaps an import once the device's work is done: `int
+/// cuheap_import_close(cuheap_import_t*)`. NULL does nothing.
+///
+/// # Safety
+///
+/// `import` is NULL or from `cuheap_import_receive`, closed once.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_import_close(import: *mut CuheapImport) -> c_int {
+    entry("cuheap_import_close", || {
+        if import.is_null() {
+            return Ok(());
+        }
+        // SAFETY: from Box::into_raw, closed once (the caller's contract).
+        let CuheapImport(imported) = *unsafe { Box::from_raw(import) };
+        imported.close().map(|_| ())
     })
 }

@@ -54,6 +54,36 @@ fn null_handles_and_out_pointers_are_refused_with_a_message() {
             cuheap_pool_snapshot(null_mut(), null_mut(), 0, null_mut(), std::ptr::null()),
             CUHEAP_ERROR_INVALID
         );
+        assert_eq!(
+            cuheap_pool_export_block(null_mut(), 16 as *const c_void, 0),
+            CUHEAP_ERROR_INVALID
+        );
+        let mut import: *mut CuheapImport = std::ptr::dangling_mut();
+        assert_eq!(
+            cuheap_import_receive(-1, &mut import, null_mut(), null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(import.is_null(), "out is NULL after a failed import");
+        assert!(last().contains("socket -1"), "{}", last());
+        assert_eq!(
+            cuheap_import_receive(0, null_mut(), null_mut(), null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(cuheap_import_close(null_mut()), CUHEAP_OK);
+        let bad_flags = CuheapPoolConfig {
+            flags: 6,
+            ..Default::default()
+        };
+        let mut pool: *mut CuheapPool = std::ptr::dangling_mut();
+        assert_eq!(
+            cuheap_pool_create(&bad_flags, &mut pool),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(
+            pool.is_null() && last().contains("pool flags 0x6"),
+            "{}",
+            last()
+        );
         let mut s = CuheapPoolStats::default();
         assert_eq!(
             cuheap_pool_get_stats(null_mut(), &mut s),
@@ -419,5 +449,70 @@ fn the_framework_hooks_share_one_pool_per_device() {
         assert_eq!(st.in_use, 0);
         assert!(st.allocs >= 2);
         assert_eq!(cuheap_device_pool_trim(0, 0, null_mut()), CUHEAP_OK);
+    }
+}
+
+/// A shareable pool's block goes through a socket pair and is mapped a
+/// second time (as another process would map it): the words written
+/// through the pool's address read back through the import's.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_block_goes_through_a_socket_and_maps_again() {
+    use std::os::fd::AsRawFd;
+    let ctx = device_context(0).unwrap();
+    let cfg = CuheapPoolConfig {
+        flags: CUHEAP_POOL_SHAREABLE,
+        ..Default::default()
+    };
+    let mut pool = null_mut();
+    // SAFETY: valid config and out pointers; the context is current.
+    unsafe {
+        assert_eq!(cuheap_pool_create(&cfg, &mut pool), CUHEAP_OK, "{}", last());
+        let mut p: *mut c_void = null_mut();
+        assert_eq!(
+            cuheap_pool_alloc(pool, 4 << 20, null_mut(), &mut p),
+            CUHEAP_OK
+        );
+        ctx.bind_to_thread().unwrap();
+        sys::cuMemsetD32_v2(p as u64, 0x5EED_0001, 1 << 20)
+            .result()
+            .unwrap();
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (pool_addr, p_addr) = (pool as usize, p as usize);
+        let sender = std::thread::spawn(move || {
+            let (pool, p) = (pool_addr as *const CuheapPool, p_addr as *const c_void);
+            let rc = cuheap_pool_export_block(pool, p, a.as_raw_fd());
+            (rc, last())
+        });
+        let (mut import, mut q, mut size) = (null_mut(), null_mut(), 0usize);
+        let rc = cuheap_import_receive(b.as_raw_fd(), &mut import, &mut q, &mut size);
+        let (sent, why) = sender.join().unwrap();
+        assert_eq!((sent, rc), (CUHEAP_OK, CUHEAP_OK), "{why} / {}", last());
+        assert_eq!(size, 4 << 20);
+        assert_ne!(q, p, "a second mapping");
+        let mut words = vec![0u32; 1 << 20];
+        sys::cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q as u64, 4 << 20)
+            .result()
+            .unwrap();
+        assert!(words.iter().all(|&w| w == 0x5EED_0001));
+        assert_eq!(cuheap_import_close(import), CUHEAP_OK);
+        assert_eq!(cuheap_pool_free(pool, p, null_mut()), CUHEAP_OK);
+        // A pool made without the flag refuses to export.
+        let mut plain = null_mut();
+        assert_eq!(cuheap_pool_create(std::ptr::null(), &mut plain), CUHEAP_OK);
+        let mut r: *mut c_void = null_mut();
+        assert_eq!(
+            cuheap_pool_alloc(plain, 4096, null_mut(), &mut r),
+            CUHEAP_OK
+        );
+        let (c, _d) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(
+            cuheap_pool_export_block(plain, r, c.as_raw_fd()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert!(last().contains("shareable"), "{}", last());
+        assert_eq!(cuheap_pool_free(plain, r, null_mut()), CUHEAP_OK);
+        assert_eq!(cuheap_pool_destroy(plain), CUHEAP_OK);
+        assert_eq!(cuheap_pool_destroy(pool), CUHEAP_OK);
     }
 }
