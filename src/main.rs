@@ -291,7 +291,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         } => {
             let picture = match (input, replay) {
                 (Some(path), _) => {
-                    cuheap::host::Picture::from_json(&std::fs::read_to_string(&path)?)?
+                    let text = std::fs::read_to_string(&path)
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                    cuheap::host::Picture::from_json(&text)
+                        .map_err(|e| format!("{}: {e}", path.display()))?
                 }
                 (None, Some(trace)) => cuheap::bench::snapshot::replay(&trace, gpu, samples)?,
                 (None, None) => unreachable!("clap requires one"),

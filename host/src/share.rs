@@ -177,10 +177,11 @@ impl<B: Backend> Imported<B> {
 }
 
 impl<B: Backend> Imported<B> {
-    /// Unmaps the memory once the device's work is done, and returns
-    /// the backend; the first error, if any (what failed to unmap stays
-    /// mapped, and its range reserved). Dropping does the same and
-    /// drops the errors.
+    /// Waits for the device's work, unmaps the memory and returns the
+    /// backend. On error (a failed wait, which it reports after
+    /// unmapping anyway, or a failed unmap: that memory stays mapped and
+    /// its range reserved) the first error comes back and the backend is
+    /// dropped. Dropping an import does the same and drops the errors.
     pub fn close(mut self) -> Result<B> {
         self.unmap()?;
         // SAFETY: `backend` is read out once; `self` is forgotten at once

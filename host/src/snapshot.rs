@@ -148,9 +148,14 @@ impl PageRun {
         match *self {
             PageRun::Free { .. } => FREE,
             PageRun::Class { used: 0, .. } => EMPTY_CLASS,
+            PageRun::Class {
+                live: 0, cached: 0, ..
+            } => RETURNING,
             PageRun::Class { live, cached, .. } if cached > live => CACHED,
             PageRun::Class { live, capacity, .. } => {
-                let quarter = (4 * live).div_ceil(capacity.max(1)).clamp(1, 4);
+                let quarter = (4 * live as u64)
+                    .div_ceil(capacity.max(1) as u64)
+                    .clamp(1, 4);
                 LIVE_CLASS[quarter as usize - 1]
             }
             PageRun::Span { holder, .. } => match holder {
@@ -174,7 +179,7 @@ impl PageRun {
                 ..
             } => format!(
                 "{at}: page of {block} B blocks, {live} live, {cached} cached, {} returning, {} free of {capacity}",
-                used.saturating_sub(live + cached),
+                used.saturating_sub(live.saturating_add(cached)),
                 capacity.saturating_sub(used)
             ),
             PageRun::Span { pages, holder, .. } => {
@@ -188,6 +193,10 @@ impl PageRun {
         }
     }
 }
+
+/// The most mapped pages [`Snapshot::check`] accepts (1 TiB of 64 KiB
+/// pages): what a drawing of reasonable size can hold.
+pub const MAX_PAGES: usize = 1 << 24;
 
 const FREE: &str = "#e4e4e4";
 const EMPTY_CLASS: &str = "#c6dbef";
@@ -210,7 +219,10 @@ pub const LEGEND: [(&str, &str); 8] = [
         CACHED,
         "cached by a stream (span, or a page with more cached than live)",
     ),
-    (RETURNING, "span freed, waiting for its streams' work"),
+    (
+        RETURNING,
+        "freed, waiting for its streams' work (a span, or a page of only such blocks)",
+    ),
     ("#000000", "start of a mapping (left edge)"),
 ];
 
@@ -236,24 +248,74 @@ impl Snapshot {
             .map_err(|e| Error::InvalidArgument(format!("not a pool snapshot: {e}")))
     }
 
-    /// Checks that the page runs cover `0..mapped` in order, each inside
-    /// the mapped range (what [`Snapshot::svg`] relies on).
+    /// Checks what a snapshot read from elsewhere must hold before it is
+    /// drawn: a page size of at least 4 KiB (a power of two), at most
+    /// [`MAX_PAGES`] mapped pages, page runs that cover `0..mapped` in
+    /// order, class pages whose counts add up (`live + cached <= used <=
+    /// capacity`), and mappings inside the mapped range.
     pub fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::InvalidArgument(format!("snapshot: {what}")));
+        let ps = self.page_size;
+        if ps < 4096 || !ps.is_power_of_two() {
+            return bad(format!("page size {ps}"));
+        }
+        if self.mapped / ps > MAX_PAGES {
+            return bad(format!(
+                "{} bytes mapped: more than {MAX_PAGES} pages",
+                self.mapped
+            ));
+        }
         let mut at = 0usize;
         for r in &self.pages {
             if r.offset() != at || r.pages() == 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "snapshot: a page run at {} where {at} was expected",
+                return bad(format!(
+                    "a page run at {} where {at} was expected",
                     r.offset()
-                )));
+                ));
             }
-            at += r.pages() as usize * self.page_size;
+            if let PageRun::Class {
+                capacity,
+                used,
+                live,
+                cached,
+                ..
+            } = *r
+            {
+                if used > capacity || live as u64 + cached as u64 > used as u64 {
+                    return bad(format!(
+                        "a class page at {at} with {live} live and {cached} cached of {used} used, capacity {capacity}"
+                    ));
+                }
+            }
+            match (r.pages() as usize)
+                .checked_mul(ps)
+                .and_then(|n| at.checked_add(n))
+            {
+                Some(end) if end <= self.mapped => at = end,
+                _ => {
+                    return bad(format!(
+                        "a page run at {at} past the {} bytes mapped",
+                        self.mapped
+                    ))
+                }
+            }
         }
         if at != self.mapped {
-            return Err(Error::InvalidArgument(format!(
-                "snapshot: page runs cover {at} bytes of {} mapped",
+            return bad(format!(
+                "page runs cover {at} bytes of {} mapped",
                 self.mapped
-            )));
+            ));
+        }
+        for m in &self.mappings {
+            if m.offset
+                .checked_add(m.len)
+                .is_none_or(|end| end > self.mapped)
+            {
+                return bad(format!(
+                    "a mapping of {} bytes at {} past the mapped range",
+                    m.len, m.offset
+                ));
+            }
         }
         Ok(())
     }
@@ -263,7 +325,8 @@ impl Snapshot {
     pub fn svg(&self) -> String {
         const WIDTH: usize = 1024;
         const LEFT: usize = 80;
-        let pages = (self.mapped / self.page_size.max(1)).max(1);
+        let ps = self.page_size.max(1);
+        let pages = (self.mapped / ps).clamp(1, MAX_PAGES);
         let cols = pages.div_ceil(512).next_power_of_two().clamp(128, WIDTH);
         let w = (WIDTH / cols).max(1);
         let h = if cols >= 512 { 3 } else { 6 };
@@ -282,16 +345,16 @@ impl Snapshot {
                 r#"<text x="{}" y="{}" text-anchor="end">{:.0} MiB</text>"#,
                 LEFT - 6,
                 row * h + h + 3,
-                mib(row * cols * self.page_size)
+                mib(row * cols * ps)
             );
         }
         for r in &self.pages {
-            let first = r.offset() / self.page_size;
+            let first = r.offset() / ps;
             let title = escape(&r.describe());
             let colour = r.colour();
             // One rectangle per row the run crosses.
             let mut p = first;
-            let end = first + r.pages() as usize;
+            let end = (first + r.pages() as usize).min(pages);
             while p < end {
                 let row = p / cols;
                 let n = (end - p).min(cols - p % cols);
@@ -307,7 +370,10 @@ impl Snapshot {
             }
         }
         for m in &self.mappings {
-            let p = m.offset / self.page_size;
+            let p = m.offset / ps;
+            if p >= pages {
+                continue;
+            }
             let _ = writeln!(
                 out,
                 r#"<rect x="{}" y="{}" width="1" height="{h}" fill="black"><title>mapping of {:.0} MiB at {:.0} MiB</title></rect>"#,
@@ -390,7 +456,7 @@ impl Snapshot {
     pub fn page_bytes(&self) -> (usize, usize, usize) {
         let (mut live, mut held, mut free) = (0, 0, 0);
         for r in &self.pages {
-            let bytes = r.pages() as usize * self.page_size;
+            let bytes = (r.pages() as usize).saturating_mul(self.page_size);
             match *r {
                 PageRun::Free { .. } | PageRun::Class { used: 0, .. } => free += bytes,
                 PageRun::Class { live: 0, .. }
@@ -481,13 +547,18 @@ impl Picture {
     /// A picture, or a bare [`Snapshot`] (titled "pool snapshot"), from
     /// JSON; checked. Anything else is an error that says what is wrong.
     pub fn from_json(text: &str) -> Result<Picture> {
-        let picture = match serde_json::from_str::<Picture>(text) {
-            Ok(p) => p,
-            Err(_) => Picture {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::InvalidArgument(format!("not JSON: {e}")))?;
+        let picture = if value.get("snapshot").is_some() {
+            serde_json::from_value::<Picture>(value)
+                .map_err(|e| Error::InvalidArgument(format!("not a pool picture: {e}")))?
+        } else {
+            Picture {
                 title: "pool snapshot".into(),
-                snapshot: Snapshot::from_json(text)?,
+                snapshot: serde_json::from_value(value)
+                    .map_err(|e| Error::InvalidArgument(format!("not a pool snapshot: {e}")))?,
                 timeline: None,
-            },
+            }
         };
         picture.snapshot.check()?;
         Ok(picture)

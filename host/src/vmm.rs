@@ -257,6 +257,9 @@ struct Extents<B: Backend> {
     /// Devices other than the backend's own that every mapping grants
     /// access to (see [`Region::grant_access`]).
     peers: Vec<i32>,
+    /// Those of `peers` whose grant failed part-way and could not be
+    /// undone: granted on some mappings only.
+    partial: Vec<i32>,
 }
 
 impl VmmRegion {
@@ -322,6 +325,7 @@ impl<B: Backend> Region<B> {
                 list: Vec::new(),
                 bytes: 0,
                 peers: Vec::new(),
+                partial: Vec::new(),
             }),
         })
     }
@@ -460,13 +464,15 @@ impl<B: Backend> Region<B> {
     /// no peer path to this one is an error. So is a grant the driver
     /// refuses on a mapping: the grants made before it are undone, and
     /// `peer` has access to none; if undoing one fails too, `peer` stays
-    /// listed in [`Region::peers`] (it may reach some mappings), so that
-    /// [`Region::revoke_access`] can take the rest away.
+    /// listed in [`Region::peers`] (it may reach some mappings, and later
+    /// mappings grant it), so that [`Region::revoke_access`] can take the
+    /// rest away, or a second grant finish.
     pub fn grant_access(&self, peer: i32) -> Result<()> {
         let backend = &self.res.backend;
         backend.check_peer(peer)?;
         let mut m = self.lock();
-        if peer == backend.device() || m.peers.contains(&peer) {
+        let whole = m.peers.contains(&peer) && !m.partial.contains(&peer);
+        if peer == backend.device() || whole {
             return Ok(());
         }
         let extents: Vec<(u64, usize)> = m.extents(self.base).collect();
@@ -474,19 +480,26 @@ impl<B: Backend> Region<B> {
         for (at, len) in extents {
             // SAFETY: each extent is one mapping (the invariant on `Extents`).
             if let Err(e) = unsafe { backend.set_access(at, len, &[peer]) } {
-                let undone = done.into_iter().all(|(at, len)| {
+                let mut undone = true;
+                for (at, len) in done {
                     // SAFETY: as above; `peer` got access a moment ago and
                     // nothing it runs knows the memory yet.
-                    unsafe { backend.revoke_access(at, len, peer) }.is_ok()
-                });
+                    undone &= unsafe { backend.revoke_access(at, len, peer) }.is_ok();
+                }
+                m.partial.retain(|&p| p != peer);
+                m.peers.retain(|&p| p != peer);
                 if !undone {
                     m.peers.push(peer);
+                    m.partial.push(peer);
                 }
                 return Err(e);
             }
             done.push((at, len));
         }
-        m.peers.push(peer);
+        m.partial.retain(|&p| p != peer);
+        if !m.peers.contains(&peer) {
+            m.peers.push(peer);
+        }
         Ok(())
     }
 
@@ -518,6 +531,7 @@ impl<B: Backend> Region<B> {
             unsafe { backend.revoke_access(at, len, peer) }?;
         }
         m.peers.remove(i);
+        m.partial.retain(|&p| p != peer);
         Ok(())
     }
 

@@ -190,7 +190,7 @@ fn refused_grants_are_undone_and_refused_revokes_can_be_finished() {
     assert!(maps.len() >= 3, "{maps:?}");
     assert!(first < maps[1] && last_page >= maps[2]);
 
-    b.refuse_access_at(maps[1], true);
+    b.refuse_access_at(maps[1], true, true);
     assert!(pool.grant_access(1).is_err());
     assert!(pool.peers().is_empty());
     assert!(
@@ -199,21 +199,54 @@ fn refused_grants_are_undone_and_refused_revokes_can_be_finished() {
     );
     assert!(!reaches(b, 1, last_page, 65536));
 
-    b.refuse_access_at(maps[1], false);
+    b.refuse_access_at(maps[1], false, false);
     pool.grant_access(1).unwrap();
     assert!(reaches(b, 1, first, MIB) && reaches(b, 1, large, 64 * MIB));
 
-    b.refuse_access_at(maps[1], true);
+    b.refuse_access_at(maps[1], true, true);
     // SAFETY: no work on device 1 uses the pool (host memory, no kernels).
     assert!(unsafe { pool.revoke_access(1) }.is_err());
     assert_eq!(pool.peers(), [1], "still listed");
     assert!(!reaches(b, 1, first, MIB), "revoked before the refusal");
     assert!(reaches(b, 1, last_page, 65536), "not yet revoked");
-    b.refuse_access_at(maps[1], false);
+    b.refuse_access_at(maps[1], false, false);
     // SAFETY: as above.
     unsafe { pool.revoke_access(1) }.unwrap();
     assert!(pool.peers().is_empty());
     assert!(!reaches(b, 1, last_page, 65536) && !reaches(b, 1, first, MIB));
+    pool.free(first, &s).unwrap();
+    pool.free(large, &s).unwrap();
+}
+
+/// A grant refused on one mapping whose undoing is refused too: the
+/// device stays listed, a second grant finishes it (rather than return
+/// at once), and a revoke takes it all away.
+#[test]
+fn a_grant_that_cannot_be_undone_is_finished_by_the_next() {
+    let pool = Pool::with_backend(backend(), config()).unwrap();
+    let s = HostStream::new();
+    let b = pool.backend();
+    let first = pool.alloc(MIB, &s).unwrap();
+    let large = pool.alloc(64 * MIB, &s).unwrap();
+    let last_page = large + (64 * MIB - 65536) as u64;
+    let maps: Vec<u64> = pool
+        .snapshot()
+        .mappings
+        .iter()
+        .map(|m| pool.base() + m.offset as u64)
+        .collect();
+    b.refuse_access_at(maps[0], false, true); // its grant works, its undo does not
+    b.refuse_access_at(maps[1], true, false); // its grant fails
+    assert!(pool.grant_access(1).is_err());
+    assert_eq!(pool.peers(), [1], "listed: it reaches the first mapping");
+    assert!(reaches(b, 1, first, MIB) && !reaches(b, 1, last_page, 65536));
+    b.refuse_access_at(maps[1], false, false);
+    pool.grant_access(1).unwrap();
+    assert!(reaches(b, 1, last_page, 65536), "the second grant finished");
+    b.refuse_access_at(maps[0], false, false);
+    // SAFETY: no work on device 1 uses the pool (host memory, no kernels).
+    unsafe { pool.revoke_access(1) }.unwrap();
+    assert!(pool.peers().is_empty() && !reaches(b, 1, first, MIB));
     pool.free(first, &s).unwrap();
     pool.free(large, &s).unwrap();
 }

@@ -61,9 +61,9 @@ pub struct HostBackend {
     /// Physical bytes alive (shared with [`HostMemory`] for its drop).
     physical: Arc<AtomicUsize>,
     counts: Mutex<HostCounts>,
-    /// Mappings (by address) whose access changes fail (see
+    /// Mappings (by address) whose grants or revokes fail (see
     /// [`HostBackend::refuse_access_at`]).
-    refused: Mutex<Vec<u64>>,
+    refused: Mutex<Vec<(u64, bool, bool)>>,
     /// Called at the start of every unmap (see [`HostBackend::on_unmap`]).
     unmap_hook: Mutex<Option<UnmapHook>>,
 }
@@ -237,13 +237,14 @@ impl HostBackend {
         self
     }
 
-    /// Makes access changes (grants and revokes) on the mapping at `at`
-    /// fail, as a driver that refuses them, until called with `false`.
-    pub fn refuse_access_at(&self, at: u64, refuse: bool) {
+    /// Makes grants (`grants`) and revokes (`revokes`) of access on the
+    /// mapping at `at` fail, as a driver that refuses them, until called
+    /// again with `false`.
+    pub fn refuse_access_at(&self, at: u64, grants: bool, revokes: bool) {
         let mut r = lock(&self.refused);
-        r.retain(|&a| a != at);
-        if refuse {
-            r.push(at);
+        r.retain(|&(a, _, _)| a != at);
+        if grants || revokes {
+            r.push((at, grants, revokes));
         }
     }
 
@@ -348,10 +349,20 @@ impl HostBackend {
     }
 
     /// Changes the access bits of the mapping at `at`, which must be
-    /// exactly `bytes` long (an error if a test refuses it).
-    fn access(&self, at: u64, bytes: usize, change: impl FnOnce(&mut u64)) -> Result<()> {
+    /// exactly `bytes` long (an error if a test refuses it: `grant` says
+    /// which kind of change this is).
+    fn access(
+        &self,
+        at: u64,
+        bytes: usize,
+        grant: bool,
+        change: impl FnOnce(&mut u64),
+    ) -> Result<()> {
+        let refused = lock(&self.refused)
+            .iter()
+            .any(|&(a, g, r)| a == at && if grant { g } else { r });
         match lock(&self.state).mapped.get_mut(&at) {
-            Some(_) if lock(&self.refused).contains(&at) => Err(Error::InvalidArgument(format!(
+            Some(_) if refused => Err(Error::InvalidArgument(format!(
                 "access change at {at:#x} refused (HostBackend::refuse_access_at)"
             ))),
             Some(m) if m.bytes == bytes => {
@@ -477,7 +488,7 @@ impl Backend for HostBackend {
             assert!(self.check_peer(p).is_ok(), "set_access for device {p}");
         }
         let bits = peers.iter().fold(1u64, |a, &p| a | 1 << p);
-        self.access(at, bytes, |a| *a |= bits)
+        self.access(at, bytes, true, |a| *a |= bits)
     }
 
     unsafe fn revoke_access(&self, at: u64, bytes: usize, peer: i32) -> Result<()> {
@@ -485,7 +496,7 @@ impl Backend for HostBackend {
             peer != 0 && self.check_peer(peer).is_ok(),
             "revoke_access for device {peer}"
         );
-        self.access(at, bytes, |a| *a &= !(1u64 << peer))
+        self.access(at, bytes, false, |a| *a &= !(1u64 << peer))
     }
 
     unsafe fn unmap(&self, at: u64, bytes: usize) -> Result<()> {

@@ -51,19 +51,27 @@ impl<B: Backend> Pool<B> {
             let d = &descs[i];
             let offset = i * PAGE_SIZE;
             let (run, len) = match decode_kind(d.kind.load(Ordering::Acquire)) {
-                Kind::Class(c) if (c as usize) < cuheap_core::CLASS_COUNT => {
+                // A class page being retired (no longer live) is drawn
+                // as free, as it is about to be.
+                Kind::Class(c)
+                    if (c as usize) < cuheap_core::CLASS_COUNT
+                        && decode(d.avail.load(Ordering::Acquire)).live =>
+                {
                     let capacity = blocks_per_page(c);
                     let free = decode(d.avail.load(Ordering::Acquire)).free;
                     let used = (capacity as i64 - free.max(0)).max(0) as u32;
                     let units = page_units(c);
+                    // Read apart while calls run: kept consistent.
+                    let live = self.live.count_page(i as u32).min(used);
+                    let cached = cached_on_page.get(&(i as u32)).copied().unwrap_or(0);
                     let run = PageRun::Class {
                         offset,
                         pages: units,
                         block: class_size(c) as usize,
                         capacity,
                         used,
-                        live: self.live.count_page(i as u32),
-                        cached: cached_on_page.get(&(i as u32)).copied().unwrap_or(0),
+                        live,
+                        cached: cached.min(used - live),
                     };
                     (run, units as usize)
                 }
