@@ -169,17 +169,11 @@ fn banked_memory_takes_the_grants_of_whoever_maps_it() {
     assert!(!reaches(res.backend(), 1, heap.base(), 96 * MIB));
 }
 
-/// A driver that refuses a grant on one mapping: the grants made before
-/// it are undone. One that refuses a revoke part-way: the device stays
-/// listed, keeps the mappings not yet revoked, and a second call
-/// finishes.
-#[test]
-fn refused_grants_are_undone_and_refused_revokes_can_be_finished() {
-    let pool = Pool::with_backend(backend(), config()).unwrap();
-    let s = HostStream::new();
-    let b = pool.backend();
-    let first = pool.alloc(MIB, &s).unwrap();
-    let large = pool.alloc(64 * MIB, &s).unwrap();
+/// A 1 MiB block in the first mapping and a 64 MiB one over later ones:
+/// their addresses, the large one's last page and every mapping's start.
+fn spread(pool: &Pool<HostBackend>, s: &HostStream) -> (u64, u64, u64, Vec<u64>) {
+    let first = pool.alloc(MIB, s).unwrap();
+    let large = pool.alloc(64 * MIB, s).unwrap();
     let last_page = large + (64 * MIB - 65536) as u64;
     let maps: Vec<u64> = pool
         .snapshot()
@@ -189,6 +183,19 @@ fn refused_grants_are_undone_and_refused_revokes_can_be_finished() {
         .collect();
     assert!(maps.len() >= 3, "{maps:?}");
     assert!(first < maps[1] && last_page >= maps[2]);
+    (first, large, last_page, maps)
+}
+
+/// A driver that refuses a grant on one mapping: the grants made before
+/// it are undone. One that refuses a revoke part-way: the device stays
+/// listed, keeps the mappings not yet revoked, and a second call
+/// finishes.
+#[test]
+fn refused_grants_are_undone_and_refused_revokes_can_be_finished() {
+    let pool = Pool::with_backend(backend(), config()).unwrap();
+    let s = HostStream::new();
+    let b = pool.backend();
+    let (first, large, last_page, maps) = spread(&pool, &s);
 
     b.refuse_access_at(maps[1], true, true);
     assert!(pool.grant_access(1).is_err());
@@ -226,15 +233,7 @@ fn a_grant_that_cannot_be_undone_is_finished_by_the_next() {
     let pool = Pool::with_backend(backend(), config()).unwrap();
     let s = HostStream::new();
     let b = pool.backend();
-    let first = pool.alloc(MIB, &s).unwrap();
-    let large = pool.alloc(64 * MIB, &s).unwrap();
-    let last_page = large + (64 * MIB - 65536) as u64;
-    let maps: Vec<u64> = pool
-        .snapshot()
-        .mappings
-        .iter()
-        .map(|m| pool.base() + m.offset as u64)
-        .collect();
+    let (first, large, last_page, maps) = spread(&pool, &s);
     b.refuse_access_at(maps[0], false, true); // its grant works, its undo does not
     b.refuse_access_at(maps[1], true, false); // its grant fails
     assert!(pool.grant_access(1).is_err());
