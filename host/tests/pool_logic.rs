@@ -915,3 +915,78 @@ fn trim_waits_for_the_work_of_shed_blocks() {
         "trim did not wait for A"
     );
 }
+
+/// What a captured stream may see: a pool made with
+/// `PoolConfig::for_graph`, used from one stream, records, waits for and
+/// queries no event and never waits on the host, while blocks freed
+/// during the capture serve later allocations (same addresses) and the
+/// pool grows. The same calls on an ordinary pool (bounded caches) do
+/// record events: the setting is what keeps the capture valid.
+#[test]
+fn a_graph_pool_on_one_stream_touches_no_event() {
+    let run = |cfg: PoolConfig| {
+        let pool = Pool::with_backend(HostBackend::new(2 * MIB, usize::MAX), cfg).unwrap();
+        let s = HostStream::new();
+        let before = pool.backend().counts();
+        let mut live = Vec::new();
+        let mut reused = 0;
+        for round in 0..200usize {
+            let size = [256usize, 4 * KIB, 300 * KIB, 4 * MIB][round % 4];
+            let p = pool.alloc(size, &s).unwrap();
+            live.push(p);
+            if round % 3 == 2 {
+                // Free two, then ask for the size of the first again.
+                let a = live.swap_remove(round % live.len());
+                let size_a = pool.size_of(a).unwrap();
+                pool.free(a, &s).unwrap();
+                let b = live.swap_remove(0);
+                pool.free(b, &s).unwrap();
+                let c = pool.alloc(size_a, &s).unwrap();
+                reused += usize::from(c == a || c == b);
+                live.push(c);
+            }
+        }
+        for p in live.drain(..) {
+            pool.free(p, &s).unwrap();
+        }
+        let after = pool.backend().counts();
+        (after, before, reused, pool.stats().grows)
+    };
+    let (after, before, reused, grows) = run(PoolConfig::for_graph(1 << 30, 8 * MIB));
+    assert_eq!(
+        (
+            after.records - before.records,
+            after.waits - before.waits,
+            after.queries - before.queries,
+            after.event_syncs - before.event_syncs,
+            after.device_syncs - before.device_syncs
+        ),
+        (0, 0, 0, 0, 0),
+        "a graph pool touched an event"
+    );
+    assert!(
+        reused >= 60,
+        "freed blocks serve the capture again ({reused})"
+    );
+    assert!(grows > 0, "the pool grew during the capture");
+    // Sealed once captured: no more allocations, frees still work.
+    let pool = Pool::with_backend(
+        HostBackend::new(2 * MIB, usize::MAX),
+        PoolConfig::for_graph(1 << 30, 8 * MIB),
+    )
+    .unwrap();
+    let s = HostStream::new();
+    let p = pool.alloc(4096, &s).unwrap();
+    pool.seal();
+    let e = pool.alloc(4096, &s).unwrap_err();
+    assert!(e.to_string().contains("sealed"), "{e}");
+    pool.free(p, &s).unwrap();
+    let (after, before, _, _) = run(PoolConfig {
+        initial: 8 * MIB,
+        ..PoolConfig::new(1 << 30)
+    });
+    assert!(
+        after.records > before.records,
+        "an ordinary pool's bounded cache sheds behind events"
+    );
+}

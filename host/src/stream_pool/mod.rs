@@ -102,6 +102,12 @@ pub struct PoolConfig {
     /// with a POSIX file descriptor handle; a pool on another backend
     /// needs one that shares ([`Backend::shares`]).
     pub shareable: bool,
+    /// A graph's pool ([`PoolConfig::for_graph`]): short of memory, it
+    /// puts the streams' cached blocks straight back into its heap, with
+    /// no event (stream order alone orders their reuse: use it from one
+    /// stream), and grows; it never records, waits for or queries an
+    /// event, nor waits on the host, on its allocation and free paths.
+    pub graph: bool,
 }
 
 impl PoolConfig {
@@ -116,6 +122,34 @@ impl PoolConfig {
             cache_limit: 256 << 20,
             placement: Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW,
             shareable: false,
+            graph: false,
+        }
+    }
+
+    /// Settings for a pool that serves the allocations of one CUDA graph
+    /// while it is captured: a graph's own pool, as PyTorch keeps one per
+    /// captured graph. Allocate and free on the capturing stream through
+    /// it; the graph's kernels keep the addresses they were captured
+    /// with, and replays reuse them. Its caches are unbounded, so a block
+    /// freed during the capture stays with that stream and serves later
+    /// allocations of the capture with no event: on one stream, the pool
+    /// records, waits for and queries no event and never waits on the
+    /// host, which a capture forbids (short of memory, it puts its own
+    /// cached blocks back into its heap and grows: see
+    /// [`PoolConfig::graph`]). Its memory serves no one else, so
+    /// no replay's memory is handed out while the graph lives; drop the
+    /// pool once the graph is destroyed (after its last replay, as for
+    /// any memory) and the memory goes back to the device (or to the
+    /// bank of its [`Reservation`]). Map what the graph needs up front
+    /// (`initial`): growth during a capture maps memory, which the
+    /// driver may refuse there.
+    pub fn for_graph(reserve: usize, initial: usize) -> PoolConfig {
+        PoolConfig {
+            initial,
+            stream_cache_limit: usize::MAX,
+            cache_limit: usize::MAX,
+            graph: true,
+            ..PoolConfig::new(reserve)
         }
     }
 }
@@ -177,6 +211,10 @@ pub struct Pool<B: Backend = CudaBackend> {
     cached_bytes: AtomicUsize,
     stream_cache_limit: usize,
     cache_limit: usize,
+    /// [`PoolConfig::graph`].
+    graph: bool,
+    /// A graph's pool after [`Pool::seal`]: it allocates no more.
+    sealed: std::sync::atomic::AtomicBool,
     release_threshold: usize,
     /// Bytes in use as of the last fold of the streams' `net` counters.
     folded: AtomicI64,
@@ -292,6 +330,8 @@ impl<B: Backend> Pool<B> {
             cached_bytes: AtomicUsize::new(0),
             stream_cache_limit: cfg.stream_cache_limit,
             cache_limit: cfg.cache_limit,
+            graph: cfg.graph,
+            sealed: std::sync::atomic::AtomicBool::new(false),
             release_threshold: cfg.release_threshold,
             folded: AtomicI64::new(0),
             peak: AtomicUsize::new(0),
@@ -366,6 +406,15 @@ impl<B: Backend> Pool<B> {
     /// The devices besides the pool's own granted access, in grant order.
     pub fn peers(&self) -> Vec<i32> {
         self.region.peers()
+    }
+
+    /// Ends a graph's pool's allocations once its graph is captured
+    /// ([`PoolConfig::for_graph`]): every later [`Pool::alloc`] is an
+    /// error, so the memory the graph's replays use (blocks freed during
+    /// the capture included) goes to no one else while the pool lives.
+    /// Frees still work. Does nothing to other pools.
+    pub fn seal(&self) {
+        self.sealed.store(true, Ordering::Relaxed);
     }
 
     /// Shares the live block at `ptr` with another process (see
@@ -718,6 +767,11 @@ impl<B: Backend> Pool<B> {
         if size == 0 {
             return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
         }
+        if self.graph && self.sealed.load(Ordering::Relaxed) {
+            return Err(Error::InvalidArgument(
+                "this pool serves a captured graph and is sealed: its memory is the graph's".into(),
+            ));
+        }
         let key = match Key::of(size) {
             Some(k) if k.bytes() <= self.region.reserved() => k,
             _ => return Err(self.exhausted(size)),
@@ -939,6 +993,9 @@ impl<B: Backend> Pool<B> {
         if let Ok(p) = heap.alloc(size, slot) {
             return Ok(p as usize as u64);
         }
+        if self.graph {
+            return self.fresh_for_graph(size, slot);
+        }
         // Cached memory goes back to the heap first (behind the guards of
         // the streams that shed it).
         self.sweep();
@@ -1028,6 +1085,28 @@ impl<B: Backend> Pool<B> {
     /// Returns every stream's cache to the heap, waiting (on the host) for
     /// each stream's work up to now. Used under memory pressure, by
     /// [`Pool::trim`] and [`Pool::release_stream`].
+    /// [`Pool::fresh`] for a graph's pool: cached blocks straight back
+    /// into the heap (stream order alone orders their reuse), then
+    /// growth; no event, no host wait.
+    fn fresh_for_graph(&self, size: usize, slot: u32) -> Result<u64> {
+        let heap = self.heap();
+        for sc in self.all_caches() {
+            let mut c = sc.lock();
+            let blocks = c.drain();
+            self.report(&mut c);
+            drop(c);
+            for p in blocks {
+                let _ = heap.free(p as usize as *mut u8, slot);
+            }
+        }
+        heap.scavenge();
+        if let Ok(p) = heap.alloc(size, slot) {
+            return Ok(p as usize as u64);
+        }
+        self.grow_and_alloc(size, slot)
+            .ok_or_else(|| self.exhausted(size))
+    }
+
     fn flush_all(&self) -> Result<()> {
         for sc in self.all_caches() {
             self.flush(&sc)?;

@@ -1,0 +1,134 @@
+//! Pool allocations inside a captured CUDA graph: a graph's own pool
+//! (`PoolConfig::for_graph`) serves the capture on its stream; the graph
+//! replays 1,000 times with every word checked by its kernels, a block
+//! freed and allocated again during the capture keeps its order, the
+//! sealed pool hands nothing out meanwhile while another pool serves
+//! other streams, and dropping the pool after the graph gives its memory
+//! back.
+
+mod common;
+use common::{gpu, kernels};
+use cudarc::driver::sys;
+use cuheap::host::{Pool, PoolConfig};
+use cuheap::{DevicePtr, LaunchConfig};
+
+const MIB: usize = 1 << 20;
+const X: u32 = 0x0A0A_0001;
+const Y: u32 = 0x0B0B_0002;
+const Z: u32 = 0x0C0C_0003;
+const W: u32 = 0x0D0D_0004;
+
+fn free_memory() -> usize {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: out-parameters; a context is current (the test's GPU).
+    unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }
+        .result()
+        .unwrap();
+    free
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_captured_graph_replays_on_its_own_pools_memory() {
+    let gpu = gpu();
+    let k = kernels(&gpu);
+    let ctx = gpu.context();
+    let s = ctx.new_stream().unwrap();
+    let other = ctx.new_stream().unwrap();
+    let shared = Pool::new(ctx, PoolConfig::new(4 << 30)).unwrap();
+    let before = free_memory();
+    let gp = Pool::new(ctx, PoolConfig::for_graph(4 << 30, 256 * MIB)).unwrap();
+    assert!(before - free_memory() >= 256 * MIB, "mapped up front");
+    let errors = gpu.alloc_zeroed(4).unwrap();
+    let n = (4 * MIB / 4) as u32;
+    let big = (64 * MIB / 4) as u32;
+    let cfg = LaunchConfig::for_threads(256 * 1024).on(&s);
+
+    // SAFETY: a live stream of this context.
+    unsafe {
+        sys::cuStreamBeginCapture_v2(
+            s.cu_stream(),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        )
+    }
+    .result()
+    .unwrap();
+    let a = gp.alloc(4 * MIB, &s).unwrap();
+    let d = gp.alloc(64 * MIB, &s).unwrap();
+    // SAFETY: the blocks hold the words given and live until their free
+    // below, in stream order on `s`; `errors` holds a u32.
+    unsafe {
+        k.spin_fill(&cfg, DevicePtr::from_raw(a), n, X, 0).unwrap();
+        k.check_fill(&cfg, DevicePtr::from_raw(a), n, X, Y, errors.as_ptr())
+            .unwrap();
+    }
+    gp.free(a, &s).unwrap();
+    let c = gp.alloc(4 * MIB, &s).unwrap();
+    assert_eq!(c, a, "freed during the capture, reused in stream order");
+    // SAFETY: as above.
+    unsafe {
+        // `c` is `a`'s memory: it must hold Y, written before the free.
+        k.check_fill(&cfg, DevicePtr::from_raw(c), n, Y, Z, errors.as_ptr())
+            .unwrap();
+        k.spin_fill(&cfg, DevicePtr::from_raw(d), big, W, 0)
+            .unwrap();
+        k.check_fill(&cfg, DevicePtr::from_raw(d), big, W, 0, errors.as_ptr())
+            .unwrap();
+    }
+    gp.free(c, &s).unwrap();
+    gp.free(d, &s).unwrap();
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: the capture begun above, on this stream; out-parameters.
+    unsafe {
+        sys::cuStreamEndCapture(s.cu_stream(), &mut graph)
+            .result()
+            .unwrap();
+        sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+            .result()
+            .unwrap();
+    }
+    gp.seal();
+    assert!(gp.alloc(4096, &s).is_err(), "sealed: nothing more from it");
+
+    let range = gp.base()..gp.base() + gp.mapped() as u64;
+    for round in 0..10 {
+        for _ in 0..100 {
+            // SAFETY: an instantiated graph, launched on a live stream.
+            unsafe { sys::cuGraphLaunch(exec, s.cu_stream()) }
+                .result()
+                .unwrap();
+        }
+        // Meanwhile another pool serves another stream, never from the
+        // graph's memory.
+        let p = shared.alloc(8 * MIB, &other).unwrap();
+        assert!(!range.contains(&p));
+        shared.free(p, &other).unwrap();
+        s.synchronize().unwrap();
+        let mut e = [0u32];
+        errors.read(0, &mut e).unwrap();
+        assert_eq!(e[0], 0, "a replay saw a wrong word (round {round})");
+    }
+    // The replays wrote Z last over `a`'s memory.
+    let mut words = vec![0u32; n as usize];
+    // SAFETY: the graph's block, idle after the synchronisation; nothing
+    // else uses the sealed pool.
+    unsafe {
+        use cuheap::host::Backend;
+        let bytes = cuheap::host::bytemuck::cast_slice_mut(&mut words);
+        gp.backend().copy_from_device(bytes, a, &s).unwrap();
+    }
+    assert!(words.iter().all(|&w| w == Z), "the replays ran");
+
+    // SAFETY: the graph and its executable, not used again.
+    unsafe {
+        sys::cuGraphExecDestroy(exec).result().unwrap();
+        sys::cuGraphDestroy(graph).result().unwrap();
+    }
+    let held = free_memory();
+    drop(gp);
+    assert!(
+        free_memory() >= held + 256 * MIB,
+        "the graph's pool gave its memory back"
+    );
+}
