@@ -127,7 +127,7 @@ typedef struct cuheap_pool_config {
     size_t chunk;              /* mapping unit (32 MiB) */
     size_t stream_cache_limit; /* bytes one stream's cache may hold (64 MiB) */
     size_t cache_limit;        /* bytes all streams' caches may hold (256 MiB) */
-    size_t flags;              /* CUHEAP_POOL_SHAREABLE, or 0 */
+    size_t flags;              /* CUHEAP_POOL_SHAREABLE, or 0 (added in 0.1: rebuild callers) */
 } cuheap_pool_config_t;
 
 /* cuheap_pool_config_t::flags: memory other processes can map
@@ -188,7 +188,9 @@ int cuheap_pool_revoke_access(cuheap_pool_t* pool, int device);
  * caches each, as JSON into json (size bytes with the terminating NUL;
  * *needed, if not NULL, gets the bytes it takes; a NULL json only asks)
  * and as an HTML page written to html_path (if not NULL). A json buffer
- * too small: CUHEAP_ERROR_INVALID, nothing written to it. */
+ * too small: CUHEAP_ERROR_INVALID, nothing written (the page neither).
+ * The pool may change between a size query and the next call: leave
+ * room, and ask again if *needed grew. */
 int cuheap_pool_snapshot(cuheap_pool_t* pool, char* json, size_t size, size_t* needed,
                          const char* html_path);
 int cuheap_pool_get_stats(cuheap_pool_t* pool, cuheap_pool_stats_t* out);
@@ -202,9 +204,11 @@ int cuheap_pool_export_block(cuheap_pool_t* pool, const void* ptr, int socket);
 typedef struct cuheap_import cuheap_import_t;
 /* Receives what cuheap_pool_export_block sent and maps it in the current
  * device's primary context: *ptr and *size (each may be NULL) get the
- * block. A socket read timeout bounds the wait. *out is NULL on error. */
+ * block. A socket read timeout bounds the wait. *out, *ptr and *size are
+ * NULL / 0 on error. */
 int cuheap_import_receive(int socket, cuheap_import_t** out, void** ptr, size_t* size);
-/* Waits for the device and unmaps. NULL does nothing. */
+/* Waits for the device and unmaps; the handle is gone afterwards, also on
+ * error. NULL does nothing. */
 int cuheap_import_close(cuheap_import_t* import);
 /* Waits for the device and frees the pool's memory (blocks not freed
  * go with it). NULL does nothing. */

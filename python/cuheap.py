@@ -32,7 +32,7 @@ What changes for the framework:
 import ctypes
 import os
 
-__all__ = ["library_path", "use_in_torch", "use_in_cupy", "stats", "trim", "last_error"]
+__all__ = ["library_path", "use_in_torch", "use_in_cupy", "stats", "trim", "snapshot", "last_error"]
 
 
 class PoolStats(ctypes.Structure):
@@ -162,11 +162,13 @@ def snapshot(device=0, html=None):
 
     lib = _library()
     path = html.encode() if html is not None else None
-    for _ in range(4):  # the pool may change between the two calls
-        needed = ctypes.c_size_t()
-        _check(lib.cuheap_device_pool_snapshot(device, None, 0, ctypes.byref(needed), None), "cuheap snapshot")
+    needed = ctypes.c_size_t()
+    _check(lib.cuheap_device_pool_snapshot(device, None, 0, ctypes.byref(needed), None), "cuheap snapshot")
+    for _ in range(4):  # the pool may grow between the size query and the copy
         buf = ctypes.create_string_buffer(needed.value + 4096)
         rc = lib.cuheap_device_pool_snapshot(device, buf, len(buf), ctypes.byref(needed), path)
         if rc == 0:
             return json.loads(buf.value.decode())
+        if needed.value < len(buf):
+            break  # not a short buffer: report it
     _check(rc, "cuheap snapshot")

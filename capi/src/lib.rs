@@ -231,26 +231,29 @@ pub(crate) unsafe fn write_snapshot(
         // SAFETY: writable by the caller's contract.
         unsafe { needed.write(json.len() + 1) };
     }
+    if !buf.is_null() && size < json.len() + 1 {
+        return invalid(format!(
+            "a buffer of {size} bytes for a snapshot of {} (with its NUL)",
+            json.len() + 1
+        ));
+    }
+    if !html.is_null() {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: a NUL-terminated string by the caller's contract.
+        let path =
+            std::ffi::OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(html) }.to_bytes());
+        let title = format!("cuheap pool on device {}", snap.device);
+        std::fs::write(path, snap.html(&title, None)).map_err(|e| {
+            Error::InvalidArgument(format!("writing {}: {e}", path.to_string_lossy()))
+        })?;
+    }
     if !buf.is_null() {
-        if size < json.len() + 1 {
-            return invalid(format!(
-                "a buffer of {size} bytes for a snapshot of {} (with its NUL)",
-                json.len() + 1
-            ));
-        }
         // SAFETY: `buf` holds `size` >= len + 1 bytes by the caller's
         // contract; the JSON has no NUL.
         unsafe {
             std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
             buf.add(json.len()).write(0);
         }
-    }
-    if !html.is_null() {
-        // SAFETY: a NUL-terminated string by the caller's contract.
-        let path = unsafe { std::ffi::CStr::from_ptr(html) }.to_string_lossy();
-        let title = format!("cuheap pool on device {}", snap.device);
-        std::fs::write(&*path, snap.html(&title, None))
-            .map_err(|e| Error::InvalidArgument(format!("writing {path}: {e}")))?;
     }
     Ok(())
 }

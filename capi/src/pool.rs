@@ -520,6 +520,14 @@ pub unsafe extern "C" fn cuheap_import_receive(
         // SAFETY: writable by the caller's contract.
         unsafe { out.write(std::ptr::null_mut()) };
     }
+    if !ptr.is_null() {
+        // SAFETY: writable by the caller's contract.
+        unsafe { ptr.write(std::ptr::null_mut()) };
+    }
+    if !size.is_null() {
+        // SAFETY: writable by the caller's contract.
+        unsafe { size.write(0) };
+    }
     entry("cuheap_import_receive", || {
         if out.is_null() {
             return invalid("out is NULL");
@@ -543,7 +551,8 @@ pub unsafe extern "C" fn cuheap_import_receive(
 }
 
 /// Unmaps an import once the device's work is done: `int
-/// cuheap_import_close(cuheap_import_t*)`. NULL does nothing.
+/// cuheap_import_close(cuheap_import_t*)`. NULL does nothing. The handle
+/// is gone afterwards even on error (what failed to unmap stays mapped).
 ///
 /// # Safety
 ///

@@ -139,6 +139,10 @@ pub trait Backend: Send + Sync + 'static {
     /// created there. Map it as memory of one's own.
     fn import(&self, shared: &Self::Shared, bytes: usize) -> Result<Self::Memory>;
 
+    /// Whether `stream` is being captured into a graph now (work
+    /// enqueued on it is recorded, not run).
+    fn is_capturing(&self, stream: &Self::Stream) -> Result<bool>;
+
     /// Bytes of device memory free now (for error messages).
     fn free_memory(&self) -> usize;
 

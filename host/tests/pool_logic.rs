@@ -969,6 +969,14 @@ fn a_graph_pool_on_one_stream_touches_no_event() {
         "freed blocks serve the capture again ({reused})"
     );
     assert!(grows > 0, "the pool grew during the capture");
+    let (after, before, _, _) = run(PoolConfig {
+        initial: 8 * MIB,
+        ..PoolConfig::new(1 << 30)
+    });
+    assert!(
+        after.records > before.records,
+        "an ordinary pool's bounded cache sheds behind events"
+    );
     // Sealed once captured: no more allocations, frees still work.
     let pool = Pool::with_backend(
         HostBackend::new(2 * MIB, usize::MAX),
@@ -977,16 +985,69 @@ fn a_graph_pool_on_one_stream_touches_no_event() {
     .unwrap();
     let s = HostStream::new();
     let p = pool.alloc(4096, &s).unwrap();
-    pool.seal();
+    pool.seal().unwrap();
     let e = pool.alloc(4096, &s).unwrap_err();
     assert!(e.to_string().contains("sealed"), "{e}");
     pool.free(p, &s).unwrap();
-    let (after, before, _, _) = run(PoolConfig {
-        initial: 8 * MIB,
-        ..PoolConfig::new(1 << 30)
-    });
-    assert!(
-        after.records > before.records,
-        "an ordinary pool's bounded cache sheds behind events"
+    let mapped = pool.stats().reserved;
+    let e = pool.trim(0).unwrap_err();
+    assert!(e.to_string().contains("sealed graph"), "{e}");
+    assert_eq!(pool.stats().reserved, mapped, "nothing unmapped");
+    assert_eq!(pool.synchronize().unwrap(), mapped, "no unmap asked: fine");
+    // One stream only, no free_after.
+    let other = HostStream::new();
+    let e = pool.free(p, &other).unwrap_err();
+    assert!(e.to_string().contains("serves one stream"), "{e}");
+    let e = pool.free_after(p, &[&s]).unwrap_err();
+    assert!(e.to_string().contains("free_after"), "{e}");
+    // Only a graph's pool seals.
+    let plain = Pool::with_backend(
+        HostBackend::new(2 * MIB, usize::MAX),
+        PoolConfig::new(1 << 30),
+    )
+    .unwrap();
+    assert!(plain.seal().is_err());
+    // `graph: true` alone makes the caches unbounded too.
+    let loose = Pool::with_backend(
+        HostBackend::new(2 * MIB, usize::MAX),
+        PoolConfig {
+            graph: true,
+            initial: 8 * MIB,
+            ..PoolConfig::new(1 << 30)
+        },
+    )
+    .unwrap();
+    let before = loose.backend().counts().records;
+    let blocks: Vec<u64> = (0..40).map(|_| loose.alloc(4 * MIB, &s).unwrap()).collect();
+    for b in blocks {
+        loose.free(b, &s).unwrap(); // 160 MiB cached: past the default bound
+    }
+    assert_eq!(
+        loose.backend().counts().records,
+        before,
+        "nothing shed behind an event"
+    );
+}
+
+/// The main pool refuses a stream that is being captured into a graph
+/// (its memory would be handed out again while the graph uses it), and
+/// serves it again once the capture ends.
+#[test]
+fn the_main_pool_refuses_a_capturing_stream() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    let p = pool.alloc(4096, &s).unwrap();
+    s.begin_capture();
+    let e = pool.alloc(4096, &s).unwrap_err();
+    assert!(e.to_string().contains("being captured"), "{e}");
+    let e = pool.free(p, &s).unwrap_err();
+    assert!(e.to_string().contains("being captured"), "{e}");
+    assert!(pool.free_after(p, &[&s]).is_err());
+    s.end_capture();
+    pool.free(p, &s).unwrap();
+    assert_eq!(
+        pool.stats().bad_frees,
+        0,
+        "the refused frees were not counted as bad"
     );
 }

@@ -123,6 +123,9 @@ struct StreamState {
     /// the stream: work still runs after its stream is dropped.
     done: Arc<AtomicU64>,
     waits: Mutex<Vec<Recorded>>,
+    /// Set between [`HostStream::begin_capture`] and
+    /// [`HostStream::end_capture`].
+    capturing: std::sync::atomic::AtomicBool,
 }
 
 /// What an event recorded: `work` items of stream `stream`.
@@ -148,6 +151,7 @@ impl HostStream {
             work: AtomicU64::new(0),
             done: Arc::new(AtomicU64::new(u64::MAX)),
             waits: Mutex::new(Vec::new()),
+            capturing: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -164,6 +168,16 @@ impl HostStream {
 
     pub fn id(&self) -> usize {
         self.0.id
+    }
+
+    /// From now on the stream counts as captured into a graph
+    /// ([`Backend::is_capturing`]), until [`HostStream::end_capture`].
+    pub fn begin_capture(&self) {
+        self.0.capturing.store(true, Ordering::Relaxed);
+    }
+
+    pub fn end_capture(&self) {
+        self.0.capturing.store(false, Ordering::Relaxed);
     }
 
     /// Enqueues one item of work (a kernel, say); returns how many items
@@ -557,6 +571,10 @@ impl Backend for HostBackend {
             physical: self.physical.clone(),
             imported: true,
         })
+    }
+
+    fn is_capturing(&self, stream: &HostStream) -> Result<bool> {
+        Ok(stream.0.capturing.load(Ordering::Relaxed))
     }
 
     fn free_memory(&self) -> usize {

@@ -324,6 +324,15 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn is_capturing(&self, stream: &Arc<CudaStream>) -> Result<bool> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: out-parameter; a live stream of this context.
+        unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
+            .result()
+            .during("cuStreamIsCapturing")?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     fn free_memory(&self) -> usize {
         self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0)
     }

@@ -102,11 +102,13 @@ pub struct PoolConfig {
     /// with a POSIX file descriptor handle; a pool on another backend
     /// needs one that shares ([`Backend::shares`]).
     pub shareable: bool,
-    /// A graph's pool ([`PoolConfig::for_graph`]): short of memory, it
-    /// puts the streams' cached blocks straight back into its heap, with
-    /// no event (stream order alone orders their reuse: use it from one
-    /// stream), and grows; it never records, waits for or queries an
-    /// event, nor waits on the host, on its allocation and free paths.
+    /// A graph's pool ([`PoolConfig::for_graph`], which sets this): it
+    /// serves one stream, the first it sees (others are refused), with
+    /// unbounded caches whatever the limits above say; short of memory
+    /// it puts its cached blocks straight back into its heap, with no
+    /// event (stream order alone orders their reuse), and grows. Its
+    /// allocation and free paths record, wait for and query no event
+    /// and never wait on the host; `free_after` is refused.
     pub graph: bool,
 }
 
@@ -129,20 +131,19 @@ impl PoolConfig {
     /// Settings for a pool that serves the allocations of one CUDA graph
     /// while it is captured: a graph's own pool, as PyTorch keeps one per
     /// captured graph. Allocate and free on the capturing stream through
-    /// it; the graph's kernels keep the addresses they were captured
-    /// with, and replays reuse them. Its caches are unbounded, so a block
-    /// freed during the capture stays with that stream and serves later
-    /// allocations of the capture with no event: on one stream, the pool
-    /// records, waits for and queries no event and never waits on the
-    /// host, which a capture forbids (short of memory, it puts its own
-    /// cached blocks back into its heap and grows: see
-    /// [`PoolConfig::graph`]). Its memory serves no one else, so
-    /// no replay's memory is handed out while the graph lives; drop the
-    /// pool once the graph is destroyed (after its last replay, as for
-    /// any memory) and the memory goes back to the device (or to the
-    /// bank of its [`Reservation`]). Map what the graph needs up front
-    /// (`initial`): growth during a capture maps memory, which the
-    /// driver may refuse there.
+    /// it (it serves that one stream: see [`PoolConfig::graph`]); the
+    /// graph's kernels keep the addresses they were captured with, and
+    /// replays reuse them. A block freed during the capture serves later
+    /// allocations of the capture with no event: the pool records, waits
+    /// for and queries no event and never waits on the host, which a
+    /// capture forbids. [`Pool::seal`] it when the capture ends: its
+    /// memory then serves no one else, so no replay's memory is handed
+    /// out while the graph lives; drop the pool once the graph is
+    /// destroyed (after its last replay, as for any memory) and the
+    /// memory goes back to the device (or to the bank of its
+    /// [`Reservation`]). Map what the graph needs up front (`initial`):
+    /// growth during a capture maps memory, which the driver may refuse
+    /// there. The main pool refuses a capturing stream.
     pub fn for_graph(reserve: usize, initial: usize) -> PoolConfig {
         PoolConfig {
             initial,
@@ -215,6 +216,8 @@ pub struct Pool<B: Backend = CudaBackend> {
     graph: bool,
     /// A graph's pool after [`Pool::seal`]: it allocates no more.
     sealed: std::sync::atomic::AtomicBool,
+    /// The one stream a graph's pool serves (the first it saw).
+    graph_stream: std::sync::OnceLock<usize>,
     release_threshold: usize,
     /// Bytes in use as of the last fold of the streams' `net` counters.
     folded: AtomicI64,
@@ -328,9 +331,18 @@ impl<B: Backend> Pool<B> {
             guards: Guards::new(pages as usize),
             retired_bytes: AtomicUsize::new(0),
             cached_bytes: AtomicUsize::new(0),
-            stream_cache_limit: cfg.stream_cache_limit,
-            cache_limit: cfg.cache_limit,
+            stream_cache_limit: if cfg.graph {
+                usize::MAX
+            } else {
+                cfg.stream_cache_limit
+            },
+            cache_limit: if cfg.graph {
+                usize::MAX
+            } else {
+                cfg.cache_limit
+            },
             graph: cfg.graph,
+            graph_stream: std::sync::OnceLock::new(),
             sealed: std::sync::atomic::AtomicBool::new(false),
             release_threshold: cfg.release_threshold,
             folded: AtomicI64::new(0),
@@ -409,12 +421,19 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Ends a graph's pool's allocations once its graph is captured
-    /// ([`PoolConfig::for_graph`]): every later [`Pool::alloc`] is an
-    /// error, so the memory the graph's replays use (blocks freed during
-    /// the capture included) goes to no one else while the pool lives.
-    /// Frees still work. Does nothing to other pools.
-    pub fn seal(&self) {
+    /// ([`PoolConfig::for_graph`]): every later [`Pool::alloc`] and
+    /// [`Pool::trim`] that would unmap is an error, so the memory the
+    /// graph's replays use (blocks freed during the capture included)
+    /// goes to no one else while the pool lives. Frees still work. Any
+    /// other pool is an [`Error::InvalidArgument`].
+    pub fn seal(&self) -> Result<()> {
+        if !self.graph {
+            return Err(Error::InvalidArgument(
+                "seal of a pool that is not a graph's (PoolConfig::for_graph)".into(),
+            ));
+        }
         self.sealed.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Shares the live block at `ptr` with another process (see
@@ -451,7 +470,7 @@ impl<B: Backend> Pool<B> {
         if !self.backend().shares() {
             return Err(Error::InvalidArgument(
                 "this pool's memory cannot go to another process: create it with \
-                 PoolConfig { shareable: true, .. }"
+                 PoolConfig { shareable: true, .. } (CUHEAP_POOL_SHAREABLE in C)"
                     .into(),
             ));
         }
@@ -767,6 +786,7 @@ impl<B: Backend> Pool<B> {
         if size == 0 {
             return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
         }
+        self.check_stream(stream)?;
         if self.graph && self.sealed.load(Ordering::Relaxed) {
             return Err(Error::InvalidArgument(
                 "this pool serves a captured graph and is sealed: its memory is the graph's".into(),
@@ -837,6 +857,7 @@ impl<B: Backend> Pool<B> {
         if ptr == 0 {
             return Ok(());
         }
+        self.check_stream(stream)?;
         let key = self.release_live(ptr)?;
         loop {
             let own = self.cache(stream);
@@ -872,6 +893,14 @@ impl<B: Backend> Pool<B> {
                 "free of {ptr:#x} after no stream"
             )));
         };
+        if self.graph {
+            return Err(Error::InvalidArgument(
+                "free_after in a graph's pool: it would record an event; free on its stream".into(),
+            ));
+        }
+        for s in streams {
+            self.check_stream(s)?;
+        }
         let key = self.release_live(ptr)?;
         let own = self.cache(first);
         let mut c = own.lock();
@@ -898,6 +927,27 @@ impl<B: Backend> Pool<B> {
                 "{ptr:#x} is not a block of this pool"
             ))),
         }
+    }
+
+    /// A graph's pool serves the one stream it saw first; any other pool
+    /// refuses a stream being captured into a graph (its memory would be
+    /// handed out again while the graph still uses it).
+    fn check_stream(&self, stream: &B::Stream) -> Result<()> {
+        let id = B::stream_id(stream);
+        if self.graph {
+            let pinned = *self.graph_stream.get_or_init(|| id);
+            if pinned != id {
+                return Err(Error::InvalidArgument(format!(
+                    "a graph's pool serves one stream (the capture's, {pinned:#x}), not {id:#x}"
+                )));
+            }
+        } else if self.backend().is_capturing(stream)? {
+            return Err(Error::InvalidArgument(format!(
+                "stream {id:#x} is being captured into a CUDA graph: allocate and free on it \
+                 through a graph's pool (PoolConfig::for_graph), whose memory stays the graph's"
+            )));
+        }
+        Ok(())
     }
 
     /// Clears a block's live bit; the key it was served by.
@@ -1082,9 +1132,6 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// Returns every stream's cache to the heap, waiting (on the host) for
-    /// each stream's work up to now. Used under memory pressure, by
-    /// [`Pool::trim`] and [`Pool::release_stream`].
     /// [`Pool::fresh`] for a graph's pool: cached blocks straight back
     /// into the heap (stream order alone orders their reuse), then
     /// growth; no event, no host wait.
@@ -1107,6 +1154,9 @@ impl<B: Backend> Pool<B> {
             .ok_or_else(|| self.exhausted(size))
     }
 
+    /// Returns every stream's cache to the heap, waiting (on the host) for
+    /// each stream's work up to now. Used under memory pressure, by
+    /// [`Pool::trim`] and [`Pool::release_stream`].
     fn flush_all(&self) -> Result<()> {
         for sc in self.all_caches() {
             self.flush(&sc)?;
@@ -1188,7 +1238,23 @@ impl<B: Backend> Pool<B> {
     /// # Time complexity
     ///
     /// O(pages of the chunks unmapped + cached blocks).
+    ///
+    /// A sealed graph's pool ([`Pool::seal`]) refuses: the memory its
+    /// graph's replays use is all freed, as the capture left it, and
+    /// must stay mapped while the graph lives (drop the pool after the
+    /// graph instead).
     pub fn trim(&self, keep: usize) -> Result<usize> {
+        if self.graph && self.sealed.load(Ordering::Relaxed) {
+            let mapped = self.region.mapped();
+            if keep >= mapped {
+                return Ok(mapped); // nothing to unmap
+            }
+            return Err(Error::InvalidArgument(
+                "trim of a sealed graph's pool: its graph's replays use the memory; drop the pool \
+                 after the graph to give it back"
+                    .into(),
+            ));
+        }
         self.flush_all()?;
         self.reclaim(true)?;
         let heap = self.heap();
