@@ -127,13 +127,18 @@ typedef struct cuheap_pool_config {
     size_t chunk;              /* mapping unit (32 MiB) */
     size_t stream_cache_limit; /* bytes one stream's cache may hold (64 MiB) */
     size_t cache_limit;        /* bytes all streams' caches may hold (256 MiB) */
-    size_t flags;              /* CUHEAP_POOL_SHAREABLE, or 0 (added in 0.1: rebuild callers) */
+    size_t flags;              /* CUHEAP_POOL_* bits, or 0 (added in 0.1: rebuild callers) */
 } cuheap_pool_config_t;
 
 /* cuheap_pool_config_t::flags: memory other processes can map
  * (cuheap_pool_export_block); the device's driver must support POSIX
  * file descriptor handles. */
 #define CUHEAP_POOL_SHAREABLE 1
+/* cuheap_pool_config_t::flags: refuse (CUHEAP_ERROR_INVALID) an allocation
+ * or free on a stream being captured into a CUDA graph, whose replays
+ * would use memory the pool hands out again; one cuStreamIsCapturing per
+ * call. The pools of the PyTorch and CuPy hooks have it. */
+#define CUHEAP_POOL_CHECK_CAPTURE 2
 
 typedef struct cuheap_pool_stats {
     unsigned long long reserved;    /* bytes of device memory mapped */

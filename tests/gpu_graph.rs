@@ -35,7 +35,14 @@ fn a_captured_graph_replays_on_its_own_pools_memory() {
     let ctx = gpu.context();
     let s = ctx.new_stream().unwrap();
     let other = ctx.new_stream().unwrap();
-    let shared = Pool::new(ctx, PoolConfig::new(4 << 30)).unwrap();
+    let shared = Pool::new(
+        ctx,
+        PoolConfig {
+            capture_check: true,
+            ..PoolConfig::new(4 << 30)
+        },
+    )
+    .unwrap();
     let before = free_memory();
     let gp = Pool::new(ctx, PoolConfig::for_graph(4 << 30, 256 * MIB)).unwrap();
     assert!(before - free_memory() >= 256 * MIB, "mapped up front");

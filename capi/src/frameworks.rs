@@ -47,7 +47,12 @@ pub fn device_pool(device: c_int) -> Result<&'static CuheapPool> {
     let ctx = device_context(device as usize)?;
     let pool: &'static CuheapPool = Box::leak(Box::new(CuheapPool::new(
         ctx,
-        &CuheapPoolConfig::default(),
+        // PyTorch captures graphs on its pools' streams: refuse that
+        // clearly rather than hand a replay's memory out again.
+        &CuheapPoolConfig {
+            flags: crate::pool::CUHEAP_POOL_CHECK_CAPTURE,
+            ..CuheapPoolConfig::default()
+        },
     )?));
     slot.store(
         pool as *const CuheapPool as *mut CuheapPool,

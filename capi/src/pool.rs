@@ -29,12 +29,18 @@ pub struct CuheapPoolConfig {
     /// Bytes all streams' caches may hold together. Default 256 MiB.
     pub cache_limit: usize,
     /// `CUHEAP_POOL_SHAREABLE`: memory other processes can map
-    /// (`cuheap_pool_export_block`). Other bits are refused.
+    /// (`cuheap_pool_export_block`); `CUHEAP_POOL_CHECK_CAPTURE`: refuse a
+    /// capturing stream. Other bits are refused.
     pub flags: usize,
 }
 
 /// `cuheap_pool_config_t::flags`: memory other processes can map.
 pub const CUHEAP_POOL_SHAREABLE: usize = 1;
+/// `cuheap_pool_config_t::flags`: refuse a stream being captured into a
+/// CUDA graph (`PoolConfig::capture_check`).
+pub const CUHEAP_POOL_CHECK_CAPTURE: usize = 2;
+/// Every flag.
+const FLAGS: usize = CUHEAP_POOL_SHAREABLE | CUHEAP_POOL_CHECK_CAPTURE;
 
 impl CuheapPoolConfig {
     /// The pool's settings on a device of `memory` bytes.
@@ -50,6 +56,7 @@ impl CuheapPoolConfig {
         cfg.stream_cache_limit = pick(self.stream_cache_limit, cfg.stream_cache_limit);
         cfg.cache_limit = pick(self.cache_limit, cfg.cache_limit);
         cfg.shareable = self.flags & CUHEAP_POOL_SHAREABLE != 0;
+        cfg.capture_check = self.flags & CUHEAP_POOL_CHECK_CAPTURE != 0;
         cfg
     }
 }
@@ -237,7 +244,7 @@ pub unsafe extern "C" fn cuheap_pool_create(
         }
         // SAFETY: NULL or a valid config (the caller's contract).
         let cfg = unsafe { config.as_ref() }.copied().unwrap_or_default();
-        if cfg.flags & !CUHEAP_POOL_SHAREABLE != 0 {
+        if cfg.flags & !FLAGS != 0 {
             return invalid(format!("pool flags {:#x}", cfg.flags));
         }
         let pool = CuheapPool::new(current_context()?, &cfg)?;

@@ -71,7 +71,7 @@ fn null_handles_and_out_pointers_are_refused_with_a_message() {
         );
         assert_eq!(cuheap_import_close(null_mut()), CUHEAP_OK);
         let bad_flags = CuheapPoolConfig {
-            flags: 6,
+            flags: 12,
             ..Default::default()
         };
         let mut pool: *mut CuheapPool = std::ptr::dangling_mut();
@@ -80,7 +80,7 @@ fn null_handles_and_out_pointers_are_refused_with_a_message() {
             CUHEAP_ERROR_INVALID
         );
         assert!(
-            pool.is_null() && last().contains("pool flags 0x6"),
+            pool.is_null() && last().contains("pool flags 0xc"),
             "{}",
             last()
         );

@@ -1029,13 +1029,26 @@ fn a_graph_pool_on_one_stream_touches_no_event() {
     );
 }
 
-/// The main pool refuses a stream that is being captured into a graph
-/// (its memory would be handed out again while the graph uses it), and
-/// serves it again once the capture ends.
+/// A pool with `capture_check` refuses a stream that is being captured
+/// into a graph (its memory would be handed out again while the graph
+/// uses it), and serves it again once the capture ends; without it the
+/// calls go through.
 #[test]
 fn the_main_pool_refuses_a_capturing_stream() {
-    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    // Off by default: the call goes through.
+    let unchecked = pool(64 * MIB, 2 * MIB, usize::MAX);
     let s = HostStream::new();
+    s.begin_capture();
+    let q = unchecked.alloc(4096, &s).unwrap();
+    unchecked.free(q, &s).unwrap();
+    s.end_capture();
+    let cfg = PoolConfig {
+        initial: 2 * MIB,
+        chunk: 2 * MIB,
+        capture_check: true,
+        ..PoolConfig::new(64 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
     let p = pool.alloc(4096, &s).unwrap();
     s.begin_capture();
     let e = pool.alloc(4096, &s).unwrap_err();

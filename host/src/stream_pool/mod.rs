@@ -110,6 +110,13 @@ pub struct PoolConfig {
     /// allocation and free paths record, wait for and query no event
     /// and never wait on the host; `free_after` is refused.
     pub graph: bool,
+    /// Refuse a stream that is being captured into a CUDA graph, with an
+    /// error that says to use a graph's pool: one `cuStreamIsCapturing`
+    /// per allocation and free (off by default: tens of nanoseconds a
+    /// call on an H100; the C API's framework pools turn it on). Without
+    /// it, a block allocated and freed during a capture goes back to the
+    /// pool while the graph's replays still use it.
+    pub capture_check: bool,
 }
 
 impl PoolConfig {
@@ -125,6 +132,7 @@ impl PoolConfig {
             placement: Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW,
             shareable: false,
             graph: false,
+            capture_check: false,
         }
     }
 
@@ -143,7 +151,8 @@ impl PoolConfig {
     /// memory goes back to the device (or to the bank of its
     /// [`Reservation`]). Map what the graph needs up front (`initial`):
     /// growth during a capture maps memory, which the driver may refuse
-    /// there. The main pool refuses a capturing stream.
+    /// there. A pool with [`PoolConfig::capture_check`] refuses a
+    /// capturing stream.
     pub fn for_graph(reserve: usize, initial: usize) -> PoolConfig {
         PoolConfig {
             initial,
@@ -218,6 +227,8 @@ pub struct Pool<B: Backend = CudaBackend> {
     sealed: std::sync::atomic::AtomicBool,
     /// The one stream a graph's pool serves (the first it saw).
     graph_stream: std::sync::OnceLock<usize>,
+    /// [`PoolConfig::capture_check`].
+    capture_check: bool,
     release_threshold: usize,
     /// Bytes in use as of the last fold of the streams' `net` counters.
     folded: AtomicI64,
@@ -342,6 +353,7 @@ impl<B: Backend> Pool<B> {
                 cfg.cache_limit
             },
             graph: cfg.graph,
+            capture_check: cfg.capture_check,
             graph_stream: std::sync::OnceLock::new(),
             sealed: std::sync::atomic::AtomicBool::new(false),
             release_threshold: cfg.release_threshold,
@@ -929,10 +941,15 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// A graph's pool serves the one stream it saw first; any other pool
-    /// refuses a stream being captured into a graph (its memory would be
-    /// handed out again while the graph still uses it).
+    /// A graph's pool serves the one stream it saw first; another pool
+    /// with [`PoolConfig::capture_check`] refuses a stream being captured
+    /// into a graph (its memory would be handed out again while the graph
+    /// still uses it).
+    #[inline]
     fn check_stream(&self, stream: &B::Stream) -> Result<()> {
+        if !self.graph && !self.capture_check {
+            return Ok(());
+        }
         let id = B::stream_id(stream);
         if self.graph {
             let pinned = *self.graph_stream.get_or_init(|| id);
