@@ -10,12 +10,14 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{Action, TraceEvent};
 use crate::Pool;
+#[cfg(feature = "json")]
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt::Write;
 
 /// A pool's memory at one moment.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "json", derive(Serialize, Deserialize))]
 pub struct Snapshot {
     /// The device (a CUDA ordinal).
     pub device: i32,
@@ -42,15 +44,17 @@ pub struct Snapshot {
 }
 
 /// Bytes `offset..offset + len` from the pool's base.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "json", derive(Serialize, Deserialize))]
 pub struct Extent {
     pub offset: usize,
     pub len: usize,
 }
 
 /// Pages in a row that hold the same thing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "json", derive(Serialize, Deserialize))]
+#[cfg_attr(feature = "json", serde(tag = "kind", rename_all = "snake_case"))]
 pub enum PageRun {
     /// Mapped pages no block uses.
     Free { offset: usize, pages: u32 },
@@ -76,8 +80,9 @@ pub enum PageRun {
 }
 
 /// Who holds a span.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "by", rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "json", derive(Serialize, Deserialize))]
+#[cfg_attr(feature = "json", serde(tag = "by", rename_all = "snake_case"))]
 pub enum Holder {
     /// Handed out.
     Live,
@@ -88,7 +93,8 @@ pub enum Holder {
 }
 
 /// One stream's cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "json", derive(Serialize, Deserialize))]
 pub struct StreamHold {
     /// The stream's id (its handle as an integer).
     pub stream: u64,
@@ -98,14 +104,16 @@ pub struct StreamHold {
 
 /// Memory over a run of calls: one sample every few calls, each the most
 /// seen since the sample before (so no peak falls between samples).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "json", derive(Serialize, Deserialize))]
 pub struct Timeline {
     pub samples: Vec<Sample>,
 }
 
 /// The most memory over the calls after the previous sample, up to and
 /// with call `call` (counting from 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "json", derive(Serialize, Deserialize))]
 pub struct Sample {
     pub call: usize,
     /// Bytes the program asked for and had not freed.
@@ -118,11 +126,12 @@ pub struct Sample {
 
 /// What `cuheap snapshot` reads and writes: a snapshot and, for a
 /// replayed trace, its timeline.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "json", derive(Serialize, Deserialize))]
 pub struct Picture {
     pub title: String,
     pub snapshot: Snapshot,
-    #[serde(default)]
+    #[cfg_attr(feature = "json", serde(default))]
     pub timeline: Option<Timeline>,
 }
 
@@ -239,10 +248,12 @@ fn escape(s: &str) -> String {
 }
 
 impl Snapshot {
+    #[cfg(feature = "json")]
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a snapshot is plain data")
     }
 
+    #[cfg(feature = "json")]
     pub fn from_json(text: &str) -> Result<Snapshot> {
         serde_json::from_str(text)
             .map_err(|e| Error::InvalidArgument(format!("not a pool snapshot: {e}")))
@@ -540,12 +551,14 @@ impl Timeline {
 }
 
 impl Picture {
+    #[cfg(feature = "json")]
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a picture is plain data")
     }
 
     /// A picture, or a bare [`Snapshot`] (titled "pool snapshot"), from
     /// JSON; checked. Anything else is an error that says what is wrong.
+    #[cfg(feature = "json")]
     pub fn from_json(text: &str) -> Result<Picture> {
         let value: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| Error::InvalidArgument(format!("not JSON: {e}")))?;
