@@ -448,6 +448,29 @@ fn the_framework_hooks_share_one_pool_per_device() {
         assert_eq!(cuheap_device_pool_get_stats(0, &mut st), CUHEAP_OK);
         assert_eq!(st.in_use, 0);
         assert!(st.allocs >= 2);
+        // The device pool's snapshot: asked for, then written; the block
+        // freed above is cached on the null stream.
+        let mut needed = 0usize;
+        let none = std::ptr::null();
+        assert_eq!(
+            cuheap_device_pool_snapshot(0, null_mut(), 0, &mut needed, none),
+            CUHEAP_OK
+        );
+        let mut buf = vec![0u8; needed + 4096];
+        assert_eq!(
+            cuheap_device_pool_snapshot(0, buf.as_mut_ptr().cast(), buf.len(), null_mut(), none),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        let text = CStr::from_ptr(buf.as_ptr().cast()).to_str().unwrap();
+        let snap = cuheap_host::Snapshot::from_json(text).unwrap();
+        snap.check().unwrap();
+        assert_eq!((snap.in_use, snap.cached), (0, 4096));
+        assert_eq!(
+            cuheap_device_pool_snapshot(-1, null_mut(), 0, &mut needed, none),
+            CUHEAP_ERROR_INVALID
+        );
         assert_eq!(cuheap_device_pool_trim(0, 0, null_mut()), CUHEAP_OK);
     }
 }
