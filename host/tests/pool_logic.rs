@@ -10,19 +10,8 @@ use cuheap_host::{
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
-
-/// A pool over host memory: `reserve` bytes of address space, mapped in
-/// `chunk`-byte steps, with at most `capacity` bytes of physical memory.
-fn pool(reserve: usize, chunk: usize, capacity: usize) -> Arc<Pool<HostBackend>> {
-    let cfg = PoolConfig {
-        initial: chunk,
-        chunk,
-        ..PoolConfig::new(reserve)
-    };
-    Arc::new(Pool::with_backend(HostBackend::new(64 * KIB, capacity), cfg).unwrap())
-}
+mod common;
+use common::{pool, KIB, MIB};
 
 /// Fills `len` bytes at `ptr` with a pattern of `seed`; the error names
 /// the address if any byte is unmapped.

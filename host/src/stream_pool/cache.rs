@@ -1,6 +1,7 @@
 //! Per-stream caches: the blocks freed on one stream, by size, and that
 //! stream's counters, found from a thread-local hint on repeated calls.
 
+use super::local::Local;
 use super::ALIGN;
 use crate::backend::Backend;
 use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
@@ -8,7 +9,7 @@ use cuheap_core::BlockInfo;
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// Where a block's size comes from: a class, or a span of pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,6 +21,7 @@ pub(super) enum Key {
 impl Key {
     /// The key serving `size` bytes, rounded to [`ALIGN`]; `None` when the
     /// rounding overflows (no pool could serve it).
+    #[inline]
     pub(super) fn of(size: usize) -> Option<Key> {
         let size = size.checked_next_multiple_of(ALIGN)?;
         Some(match class_of(size) {
@@ -32,10 +34,12 @@ impl Key {
     /// its size, so that a one-page span the heap served for a 64 KiB
     /// request (when no class page fitted) is found again by the next
     /// 64 KiB request.
+    #[inline]
     pub(super) fn of_block(b: &BlockInfo) -> Key {
         Key::of(b.size).unwrap_or(Key::Span((b.size / PAGE_SIZE) as u32))
     }
 
+    #[inline]
     pub(super) fn bytes(self) -> usize {
         match self {
             Key::Class(c) => class_size(c) as usize,
@@ -50,11 +54,21 @@ pub(super) const FREES: usize = 1;
 pub(super) const SAME: usize = 2;
 pub(super) const CROSS: usize = 3;
 
+/// Spans of up to this many pages have a list of their own in
+/// [`Cache::lists`] (found by index); larger ones sit in a map.
+pub(super) const SMALL_SPAN_PAGES: u32 = 16;
+
+/// Lists of [`Cache::lists`]: one per class, then one per small span.
+const LISTS: usize = cuheap_core::CLASS_COUNT + SMALL_SPAN_PAGES as usize;
+
 /// Blocks freed on one stream, by size, and that stream's counters (kept
 /// here, under the lock the call holds anyway, so that threads with their
-/// own streams share no counter).
+/// own streams share no counter). A thread's cache of one stream (see
+/// [`super::local`]) is one too, with no event.
 pub(super) struct Cache<E> {
-    classes: Vec<Vec<u64>>,
+    /// Blocks of each class, then of each span of up to
+    /// [`SMALL_SPAN_PAGES`] pages (made on first use).
+    lists: Vec<Vec<u64>>,
     spans: HashMap<u32, Vec<u64>>,
     /// Bytes of the blocks held. Invariant: the sum of `key.bytes()` over
     /// every listed block.
@@ -72,7 +86,7 @@ pub(super) struct Cache<E> {
 impl<E> Default for Cache<E> {
     fn default() -> Self {
         Cache {
-            classes: Vec::new(),
+            lists: Vec::new(),
             spans: HashMap::new(),
             bytes: 0,
             dirty: false,
@@ -85,27 +99,46 @@ impl<E> Default for Cache<E> {
 }
 
 impl<E> Cache<E> {
+    #[inline(always)]
     fn list(&mut self, key: Key) -> &mut Vec<u64> {
-        match key {
-            Key::Class(c) => {
-                if self.classes.is_empty() {
-                    self.classes = (0..cuheap_core::CLASS_COUNT).map(|_| Vec::new()).collect();
-                }
-                &mut self.classes[c as usize]
+        let i = match key {
+            Key::Class(c) => c as usize,
+            Key::Span(p) if (1..=SMALL_SPAN_PAGES).contains(&p) => {
+                cuheap_core::CLASS_COUNT + p as usize - 1
             }
-            Key::Span(p) => self.spans.entry(p).or_default(),
+            Key::Span(p) => return self.spans.entry(p).or_default(),
+        };
+        if self.lists.is_empty() {
+            self.lists = (0..LISTS).map(|_| Vec::new()).collect();
+        }
+        &mut self.lists[i]
+    }
+
+    /// The key of list `i` of `lists`.
+    fn key_of_list(i: usize) -> Key {
+        match i.checked_sub(cuheap_core::CLASS_COUNT) {
+            None => Key::Class(i as u32),
+            Some(s) => Key::Span(s as u32 + 1),
         }
     }
 
+    #[inline]
     pub(super) fn push(&mut self, key: Key, ptr: u64) {
         self.list(key).push(ptr);
         self.bytes += key.bytes();
     }
 
+    #[inline]
     pub(super) fn pop(&mut self, key: Key) -> Option<u64> {
         let p = self.list(key).pop()?;
         self.bytes -= key.bytes();
         Some(p)
+    }
+
+    /// Blocks of `key` held.
+    #[inline]
+    pub(super) fn len(&mut self, key: Key) -> usize {
+        self.list(key).len()
     }
 
     /// Takes up to `n` blocks of `key`.
@@ -126,8 +159,9 @@ impl<E> Cache<E> {
         let mut out = Vec::new();
         let mut spans: Vec<u32> = self.spans.keys().copied().collect();
         spans.sort_unstable_by(|a, b| b.cmp(a));
-        let classes = (0..self.classes.len() as u32).rev().map(Key::Class);
-        for key in spans.into_iter().map(Key::Span).chain(classes) {
+        // Lists run from the smallest class to the largest small span.
+        let listed = (0..self.lists.len()).rev().map(Self::key_of_list);
+        for key in spans.into_iter().map(Key::Span).chain(listed) {
             if self.bytes <= keep {
                 break;
             }
@@ -140,7 +174,7 @@ impl<E> Cache<E> {
 
     /// Every block held, in no order.
     pub(super) fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.classes
+        self.lists
             .iter()
             .chain(self.spans.values())
             .flatten()
@@ -149,10 +183,30 @@ impl<E> Cache<E> {
 
     /// Takes every block.
     pub(super) fn drain(&mut self) -> Vec<u64> {
-        let mut all: Vec<u64> = self.classes.iter_mut().flat_map(std::mem::take).collect();
+        let mut all: Vec<u64> = self.lists.iter_mut().flat_map(std::mem::take).collect();
         all.extend(self.spans.drain().flat_map(|(_, v)| v));
         self.bytes = 0;
         all
+    }
+
+    /// Moves every block, the counters and the bytes in use into `to`
+    /// (a thread's cache into its stream's); whether any block moved.
+    pub(super) fn move_to<F>(&mut self, to: &mut Cache<F>) -> bool {
+        let moved = self.bytes > 0;
+        for (i, list) in self.lists.iter_mut().enumerate() {
+            if !list.is_empty() {
+                to.extend(Self::key_of_list(i), std::mem::take(list));
+            }
+        }
+        for (p, list) in self.spans.drain() {
+            to.extend(Key::Span(p), list);
+        }
+        self.bytes = 0;
+        to.net += std::mem::take(&mut self.net);
+        for (t, v) in to.counts.iter_mut().zip(std::mem::take(&mut self.counts)) {
+            *t += v;
+        }
+        moved
     }
 }
 
@@ -171,6 +225,8 @@ pub(super) struct StreamCache<B: Backend> {
     pub(super) released: AtomicBool,
     /// The guard generation this stream is ordered after (see `guard`).
     pub(super) seen: AtomicU64,
+    /// The threads' caches of this stream ([`super::local`]).
+    pub(super) locals: Mutex<Vec<Weak<Local<B>>>>,
 }
 
 impl<B: Backend> StreamCache<B> {
@@ -182,11 +238,31 @@ impl<B: Backend> StreamCache<B> {
             cache: Mutex::new(Cache::default()),
             released: AtomicBool::new(false),
             seen: AtomicU64::new(0),
+            locals: Mutex::new(Vec::new()),
         }
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Cache<B::Event>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on each live thread cache of this stream, with its blocks
+    /// (held meanwhile: its thread goes around it). Never call it holding
+    /// a stream cache's lock: `f` may take one, and a thread leaving its
+    /// cache takes its stream's.
+    pub(super) fn each_local(&self, mut f: impl FnMut(&Local<B>, &mut Cache<()>)) {
+        let locals: Vec<Arc<Local<B>>> = {
+            let mut l = self.locals.lock().unwrap_or_else(|p| p.into_inner());
+            l.retain(|w| w.strong_count() > 0);
+            l.iter().filter_map(Weak::upgrade).collect()
+        };
+        for l in locals {
+            l.with_held(|m| {
+                if !l.is_dead() {
+                    f(&l, m)
+                }
+            });
+        }
     }
 }
 

@@ -6,7 +6,9 @@
 //!   coalesces free neighbours), no list scans.
 //! - Each stream has a cache of blocks freed on it, by size ([`cache`]):
 //!   reuse on the same stream is immediate, because stream order already
-//!   puts the new user after the old one.
+//!   puts the new user after the old one. In front of it, each thread has
+//!   a small cache per stream ([`local`]) that its allocations and frees
+//!   of up to 1 MiB reach with no lock.
 //! - Caches are bounded, per stream and in all. A cache past its bound,
 //!   and the cache of a stream no one else holds any more, *sheds* its
 //!   largest blocks straight back to the heap behind the stream's guard
@@ -38,6 +40,7 @@ mod buffer;
 mod cache;
 mod guard;
 mod live;
+mod local;
 mod snapshot;
 mod stats;
 
@@ -56,6 +59,7 @@ use cuheap_core::size_class::PAGE_SIZE;
 use cuheap_core::{Heap, HeapHandle, Layout, Placement, MAX_CLASS_SIZE};
 use guard::Guards;
 use live::LiveBits;
+use local::{install, with_local, Reach, LOCAL_BYTES, LOCAL_MAX_BLOCK, LOCAL_PER_KEY};
 use stats::{BAD, FLUSHES, GROWS, RETIRES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -76,7 +80,8 @@ const FOLD_EVERY: u64 = 64;
 pub struct PoolConfig {
     /// Bytes one stream's cache may hold: past it, the largest blocks are
     /// shed (back to the heap, see the module's documentation) until half
-    /// of it stays.
+    /// of it stays. Each thread's cache of a stream (in front of the
+    /// stream's) holds at most 2 MiB, and at most this much.
     pub stream_cache_limit: usize,
     /// Bytes all the streams' caches may hold together (checked on each
     /// stream every 64 calls): a cache that finds the total past it sheds
@@ -221,6 +226,8 @@ pub struct Pool<B: Backend = CudaBackend> {
     cached_bytes: AtomicUsize,
     stream_cache_limit: usize,
     cache_limit: usize,
+    /// Bytes a thread's cache of one stream holds at most ([`local`]).
+    local_limit: usize,
     /// [`PoolConfig::graph`].
     graph: bool,
     /// A graph's pool after [`Pool::seal`]: it allocates no more.
@@ -352,6 +359,7 @@ impl<B: Backend> Pool<B> {
             } else {
                 cfg.cache_limit
             },
+            local_limit: LOCAL_BYTES.min(cfg.stream_cache_limit),
             graph: cfg.graph,
             capture_check: cfg.capture_check,
             graph_stream: std::sync::OnceLock::new(),
@@ -707,9 +715,26 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// Retires every stream's cache.
+    /// Moves the blocks of `sc`'s threads' caches into it (see
+    /// [`local`]); with `end`, ends those caches (their threads make new
+    /// ones), as when the pool lets go of the stream.
+    fn gather(&self, sc: &StreamCache<B>, end: bool) {
+        sc.each_local(|l, m| {
+            let mut c = sc.lock();
+            if m.move_to(&mut c) {
+                c.dirty = true;
+            }
+            self.report(&mut c);
+            if end {
+                l.kill();
+            }
+        });
+    }
+
+    /// Retires every stream's cache, with its threads' caches.
     fn retire_all(&self) {
         for sc in self.all_caches() {
+            self.gather(&sc, false);
             let mut c = sc.lock();
             if c.bytes > 0 {
                 self.shed(&sc, &mut c, 0);
@@ -741,6 +766,7 @@ impl<B: Backend> Pool<B> {
         };
         for sc in gone {
             sc.released.store(true, Ordering::Release);
+            self.gather(&sc, true);
             let mut c = sc.lock();
             self.shed(&sc, &mut c, 0);
             if c.bytes > 0 {
@@ -808,7 +834,24 @@ impl<B: Backend> Pool<B> {
             Some(k) if k.bytes() <= self.region.reserved() => k,
             _ => return Err(self.exhausted(size)),
         };
+        let mut absent = false;
+        if !self.graph && key.bytes() <= LOCAL_MAX_BLOCK {
+            let hit = with_local::<B, _>(self.id, B::stream_id(stream), |m| {
+                let p = m.pop(key)?;
+                m.counts[SAME] += 1;
+                self.count_local(m, ALLOCS, key.bytes() as i64);
+                Some(p)
+            });
+            match hit {
+                Reach::Done(Some(p)) => return self.hand_out(p),
+                Reach::Done(None) | Reach::Busy => {}
+                Reach::Absent => absent = true,
+            }
+        }
         let own = self.cache(stream);
+        if absent {
+            install(self.id, &own);
+        }
         let (ptr, how) = self.find(&own, key)?;
         // A block the heap just handed out is always found and not live.
         let broken = || Error::InvalidArgument(format!("pool state broken at {ptr:#x}"));
@@ -833,6 +876,28 @@ impl<B: Backend> Pool<B> {
         }
         self.account(&own, &mut c, ALLOCS, key.bytes() as i64);
         Ok(ptr)
+    }
+
+    /// Counts a call on a thread's cache; every [`FOLD_EVERY`] calls folds
+    /// its bytes in use into the pool's (and samples the peak).
+    #[inline]
+    fn count_local(&self, m: &mut Cache<()>, which: usize, bytes: i64) {
+        m.counts[which] += 1;
+        m.net += bytes;
+        if (m.counts[ALLOCS] + m.counts[FREES]).is_multiple_of(FOLD_EVERY) {
+            self.fold(&mut m.net);
+        }
+    }
+
+    /// Marks a block from a thread's cache live and hands it out.
+    #[inline]
+    fn hand_out(&self, ptr: u64) -> Result<u64> {
+        match self.heap().block_at(ptr as usize) {
+            Ok(b) if self.live.set(&b) => Ok(ptr),
+            _ => Err(Error::InvalidArgument(format!(
+                "pool state broken at {ptr:#x}"
+            ))),
+        }
     }
 
     /// A block of `key` for `own`'s stream, and how it was reused (if it
@@ -871,6 +936,51 @@ impl<B: Backend> Pool<B> {
         }
         self.check_stream(stream)?;
         let key = self.release_live(ptr)?;
+        let mut absent = false;
+        if !self.graph && key.bytes() <= LOCAL_MAX_BLOCK {
+            let kept = with_local::<B, _>(self.id, B::stream_id(stream), |m| {
+                m.push(key, ptr);
+                self.count_local(m, FREES, -(key.bytes() as i64));
+                if m.bytes > self.local_limit {
+                    m.shed(self.local_limit / 2)
+                } else if m.len(key) > LOCAL_PER_KEY {
+                    m.take(key, LOCAL_PER_KEY / 2)
+                } else {
+                    Vec::new()
+                }
+            });
+            match kept {
+                Reach::Done(spilled) => {
+                    if !spilled.is_empty() {
+                        self.to_stream_cache(stream, |_, c| {
+                            self.recache(c, spilled);
+                            self.report(c);
+                        });
+                    }
+                    return Ok(());
+                }
+                Reach::Busy => {}
+                Reach::Absent => absent = true,
+            }
+        }
+        let own = self.to_stream_cache(stream, |own, c| {
+            c.push(key, ptr);
+            self.account(own, c, FREES, -(key.bytes() as i64));
+        });
+        if absent {
+            install(self.id, &own);
+        }
+        Ok(())
+    }
+
+    /// Puts blocks freed on `stream` into its cache (`put`, which counts
+    /// them), then sheds if the cache is past its bound.
+    fn to_stream_cache(
+        &self,
+        stream: &B::Stream,
+        put: impl FnOnce(&StreamCache<B>, &mut Cache<B::Event>),
+    ) -> Arc<StreamCache<B>> {
+        let mut put = Some(put);
         loop {
             let own = self.cache(stream);
             let mut c = own.lock();
@@ -881,13 +991,15 @@ impl<B: Backend> Pool<B> {
                 remember::<B>(self.id, None);
                 continue;
             }
-            c.push(key, ptr);
+            if let Some(put) = put.take() {
+                put(&own, &mut c);
+            }
             c.dirty = true;
-            self.account(&own, &mut c, FREES, -(key.bytes() as i64));
             if c.bytes > self.stream_cache_limit {
                 self.shed(&own, &mut c, self.stream_cache_limit / 2);
             }
-            return Ok(());
+            drop(c);
+            return own;
         }
     }
 
@@ -968,6 +1080,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Clears a block's live bit; the key it was served by.
+    #[inline]
     fn release_live(&self, ptr: u64) -> Result<Key> {
         match self.heap().block_at(ptr as usize) {
             Ok(b) if self.live.clear(&b) => Ok(Key::of_block(&b)),
@@ -993,6 +1106,8 @@ impl<B: Backend> Pool<B> {
             .collect();
         let backend = self.backend();
         for other in others {
+            // Its threads' blocks too: the pool is short.
+            self.gather(&other, false);
             let mut c = other.lock();
             let taken = c.take(key, STEAL_BATCH);
             let Some((&first, rest)) = taken.split_first() else {
@@ -1182,6 +1297,8 @@ impl<B: Backend> Pool<B> {
     }
 
     fn flush(&self, sc: &StreamCache<B>) -> Result<()> {
+        // A stream being let go of ends its threads' caches too.
+        self.gather(sc, sc.released.load(Ordering::Acquire));
         let blocks: Vec<u64> = {
             let mut c = sc.lock();
             if c.bytes == 0 {
@@ -1319,6 +1436,14 @@ impl<B: Backend> Pool<B> {
 
 impl<B: Backend> Drop for Pool<B> {
     fn drop(&mut self) {
+        // Threads' caches of this pool end (their threads drop them on
+        // their next call to any pool, or when they exit).
+        for sc in self.all_caches() {
+            sc.each_local(|l, m| {
+                m.drain();
+                l.kill();
+            });
+        }
         // Work still queued may use pool memory: wait before unmapping.
         let _ = self.backend().synchronize_device();
     }

@@ -24,19 +24,26 @@ impl<B: Backend> Pool<B> {
         let mut cached_on_page: HashMap<u32, u32> = HashMap::new();
         let mut streams = Vec::new();
         for (id, sc) in self.caches.read().unwrap_or_else(|p| p.into_inner()).iter() {
-            let c = sc.lock();
-            let mut blocks = 0;
-            for ptr in c.blocks() {
+            let (mut blocks, mut bytes) = (0, 0);
+            let mut note = |ptr: u64| {
                 blocks += 1;
                 holder.insert(ptr, *id as u64);
                 if let Ok(b) = heap.block_at(ptr as usize) {
                     *cached_on_page.entry(b.page).or_default() += 1;
                 }
-            }
+            };
+            // The threads' caches of the stream, then its own.
+            sc.each_local(|_, m| {
+                m.blocks().for_each(&mut note);
+                bytes += m.bytes;
+            });
+            let c = sc.lock();
+            c.blocks().for_each(&mut note);
+            bytes += c.bytes;
             streams.push(StreamHold {
                 stream: *id as u64,
                 blocks,
-                bytes: c.bytes,
+                bytes,
             });
         }
         streams.sort_by_key(|s| s.stream);

@@ -92,8 +92,17 @@ impl<B: Backend> Pool<B> {
         let mut per_stream = [0u64; 4];
         let mut net = 0i64;
         for (id, sc) in self.caches.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            // The threads' caches of the stream first (never under its lock).
+            let mut bytes = 0;
+            sc.each_local(|_, m| {
+                bytes += m.bytes;
+                net += m.net;
+                for (t, v) in per_stream.iter_mut().zip(m.counts) {
+                    *t += v;
+                }
+            });
             let c = sc.lock();
-            cached_per_stream.push((*id, c.bytes));
+            cached_per_stream.push((*id, c.bytes + bytes));
             net += c.net;
             for (t, v) in per_stream.iter_mut().zip(c.counts) {
                 *t += v;

@@ -1,0 +1,18 @@
+//! What the pool's CPU tests share.
+
+use cuheap_host::{HostBackend, Pool, PoolConfig};
+use std::sync::Arc;
+
+pub const KIB: usize = 1 << 10;
+pub const MIB: usize = 1 << 20;
+
+/// A pool over host memory: `reserve` bytes of address space, mapped in
+/// `chunk`-byte steps, with at most `capacity` bytes of physical memory.
+pub fn pool(reserve: usize, chunk: usize, capacity: usize) -> Arc<Pool<HostBackend>> {
+    let cfg = PoolConfig {
+        initial: chunk,
+        chunk,
+        ..PoolConfig::new(reserve)
+    };
+    Arc::new(Pool::with_backend(HostBackend::new(64 * KIB, capacity), cfg).unwrap())
+}

@@ -1,0 +1,327 @@
+//! Threads' caches in front of the stream caches (the pool's lock-free
+//! path), on the CPU over [`HostBackend`]: what a thread frees serves its
+//! next allocations on the same stream at once; its blocks go back to the
+//! stream when it exits, when the pool is short, trims or lets go of the
+//! stream; counters stay exact; double frees are caught.
+
+use cuheap_host::backend::host_memory::Recorded;
+use cuheap_host::{Error, HostBackend, HostStream, Pool};
+use std::collections::HashSet;
+use std::sync::Barrier;
+
+mod common;
+use common::{pool, KIB, MIB};
+
+/// Bytes cached for `s` (its stream cache and its threads' caches).
+fn cached_on(pool: &Pool<HostBackend>, s: &HostStream) -> usize {
+    pool.stats()
+        .cached_per_stream
+        .iter()
+        .find(|c| c.0 == s.id())
+        .map_or(0, |c| c.1)
+}
+
+#[test]
+fn a_threads_frees_serve_its_next_allocations_and_the_counters_stay_exact() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    let first = pool.alloc(256, &s).unwrap();
+    pool.free(first, &s).unwrap();
+    for _ in 0..1000 {
+        let p = pool.alloc(256, &s).unwrap();
+        assert_eq!(p, first, "the thread's last free of the size");
+        s.enqueue();
+        pool.free(p, &s).unwrap();
+    }
+    assert!(s.waits().is_empty());
+    let st = pool.stats();
+    assert_eq!((st.allocs, st.frees), (1001, 1001));
+    assert_eq!((st.same_stream_reuse, st.cross_stream_reuse), (1000, 0));
+    assert_eq!(st.in_use, 0);
+    assert_eq!(cached_on(&pool, &s), 256);
+    // Sixty-three more calls bring the next fold of the bytes in use: the
+    // peak was one block.
+    let p = pool.alloc(256, &s).unwrap();
+    assert_eq!(pool.stats().in_use, 256);
+    pool.free(p, &s).unwrap();
+    assert!(pool.stats().peak_in_use <= 256 * 2);
+}
+
+#[test]
+fn a_double_free_into_a_threads_cache_is_caught() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let (s, t) = (HostStream::new(), HostStream::new());
+    let p = pool.alloc(4 * KIB, &s).unwrap();
+    pool.free(p, &s).unwrap();
+    assert!(matches!(pool.free(p, &s), Err(Error::InvalidArgument(_))));
+    assert!(matches!(pool.free(p, &t), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        pool.free(p + 256, &s),
+        Err(Error::InvalidArgument(_))
+    ));
+    let st = pool.stats();
+    assert_eq!((st.bad_frees, st.frees, st.in_use), (3, 1, 0));
+    // Its block is served once, not twice.
+    let (a, b) = (
+        pool.alloc(4 * KIB, &s).unwrap(),
+        pool.alloc(4 * KIB, &s).unwrap(),
+    );
+    assert_eq!(a, p);
+    assert_ne!(a, b);
+}
+
+#[test]
+fn a_thread_that_exits_leaves_its_blocks_to_its_stream() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    let freed: Vec<u64> = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let blocks: Vec<u64> = (0..16).map(|_| pool.alloc(4 * KIB, &s).unwrap()).collect();
+            for &p in &blocks {
+                pool.free(p, &s).unwrap();
+            }
+            assert_eq!(cached_on(&pool, &s), 16 * 4 * KIB);
+            blocks
+        })
+        .join()
+        .unwrap()
+    });
+    // The thread is gone: its blocks are in the stream's cache, where any
+    // thread allocating on the stream takes them, with no wait.
+    assert_eq!(cached_on(&pool, &s), 16 * 4 * KIB);
+    let got: HashSet<u64> = (0..16).map(|_| pool.alloc(4 * KIB, &s).unwrap()).collect();
+    assert_eq!(got, freed.iter().copied().collect());
+    assert!(s.waits().is_empty());
+    let st = pool.stats();
+    assert_eq!((st.allocs, st.frees, st.same_stream_reuse), (32, 16, 16));
+    assert_eq!(st.in_use, 16 * 4 * KIB);
+}
+
+/// A pool out of memory takes blocks another thread cached for its
+/// stream, with the device-side wait for that stream's work, while the
+/// thread is alive and idle.
+#[test]
+fn a_short_pool_takes_the_blocks_of_another_threads_cache() {
+    let pool = pool(2 * MIB, 2 * MIB, 2 * MIB);
+    let (a, b) = (HostStream::new(), HostStream::new());
+    let (freed, ready, done) = (
+        std::sync::Mutex::new(Vec::new()),
+        Barrier::new(2),
+        Barrier::new(2),
+    );
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let blocks: Vec<u64> = (0..32).map(|_| pool.alloc(64 * KIB, &a).unwrap()).collect();
+            a.hold();
+            a.enqueue(); // still using the blocks
+            for &p in &blocks[..8] {
+                pool.free(p, &a).unwrap();
+            }
+            *freed.lock().unwrap() = blocks;
+            ready.wait();
+            done.wait(); // alive, holding its cache
+            for &p in &freed.lock().unwrap()[8..] {
+                pool.free(p, &a).unwrap();
+            }
+        });
+        ready.wait();
+        let work = a.work();
+        let got: HashSet<u64> = (0..8).map(|_| pool.alloc(64 * KIB, &b).unwrap()).collect();
+        let want: HashSet<u64> = freed.lock().unwrap()[..8].iter().copied().collect();
+        assert_eq!(got, want);
+        assert_eq!(
+            b.waits().first(),
+            Some(&Recorded {
+                stream: a.id(),
+                work
+            })
+        );
+        assert!(matches!(
+            pool.alloc(64 * KIB, &b),
+            Err(Error::PoolExhausted { .. })
+        ));
+        a.finish();
+        for p in got {
+            pool.free(p, &b).unwrap();
+        }
+        done.wait();
+    });
+    assert_eq!(pool.stats().in_use, 0);
+    assert_eq!(pool.trim(0).unwrap(), 2 * MIB);
+}
+
+/// Trim and `release_stream` reach the blocks of live threads' caches: a
+/// trim unmaps them, and a released stream's threads start new caches.
+/// (The main thread checks after the scope: a failed check between the
+/// barriers would leave the threads waiting.)
+#[test]
+fn trim_and_release_reach_the_caches_of_live_threads() {
+    let pool = pool(256 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    let (allocated, parked, go, again) = (
+        Barrier::new(2),
+        Barrier::new(3),
+        Barrier::new(3),
+        Barrier::new(3),
+    );
+    let mut seen = Vec::new();
+    std::thread::scope(|sc| {
+        for _ in 0..2 {
+            sc.spawn(|| {
+                // 4 MiB each, in blocks the threads' caches hold.
+                let blocks: Vec<u64> = (0..64).map(|_| pool.alloc(64 * KIB, &s).unwrap()).collect();
+                allocated.wait();
+                for &p in &blocks {
+                    pool.free(p, &s).unwrap();
+                }
+                parked.wait();
+                go.wait();
+                // The stream was let go of: new caches, same results.
+                let blocks: Vec<u64> = (0..64).map(|_| pool.alloc(64 * KIB, &s).unwrap()).collect();
+                for &p in &blocks {
+                    pool.free(p, &s).unwrap();
+                }
+                again.wait();
+            });
+        }
+        parked.wait();
+        seen.push(pool.mapped());
+        seen.push(pool.trim(0).unwrap());
+        seen.push(cached_on(&pool, &s));
+        go.wait();
+        again.wait();
+        let st = pool.stats();
+        seen.extend([st.allocs as usize, st.frees as usize, st.in_use]);
+        seen.push(cached_on(&pool, &s));
+        pool.release_stream(&s).unwrap();
+        seen.push(pool.stats().cached());
+        seen.push(pool.trim(0).unwrap());
+    });
+    assert!(seen[0] >= 8 * MIB, "{} bytes mapped", seen[0]);
+    assert_eq!(seen[1], 2 * MIB, "every cached block trimmed");
+    assert_eq!(seen[2], 0);
+    assert_eq!(&seen[3..6], &[256, 256, 0]);
+    assert!(seen[6] > 0, "the new caches hold blocks");
+    assert_eq!(&seen[7..], &[0, 2 * MIB], "released and trimmed");
+    let st = pool.stats();
+    assert_eq!(
+        (st.allocs, st.frees, st.in_use),
+        (256, 256, 0),
+        "counters kept"
+    );
+}
+
+/// A thread using more streams than it keeps caches for: the oldest
+/// cache leaves into its stream's, nothing is lost.
+#[test]
+fn a_thread_on_many_streams_keeps_a_few_caches_and_loses_nothing() {
+    let pool = pool(256 * MIB, 2 * MIB, usize::MAX);
+    let streams: Vec<HostStream> = (0..12).map(|_| HostStream::new()).collect();
+    for round in 0..3 {
+        for s in &streams {
+            let p = pool.alloc(8 * KIB, s).unwrap();
+            pool.free(p, s).unwrap();
+            let q = pool.alloc(8 * KIB, s).unwrap();
+            assert_eq!(p, q, "round {round}");
+            pool.free(q, s).unwrap();
+        }
+    }
+    for s in &streams {
+        assert_eq!(cached_on(&pool, s), 8 * KIB);
+    }
+    let st = pool.stats();
+    assert_eq!((st.allocs, st.frees, st.in_use), (72, 72, 0));
+    assert_eq!(pool.trim(0).unwrap(), 2 * MIB);
+}
+
+/// A thread's caches of a dropped pool end; the thread goes on with
+/// another pool on the same stream.
+#[test]
+fn a_thread_outlives_a_pool_it_cached_blocks_of() {
+    let s = HostStream::new();
+    let first = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let p = first.alloc(512, &s).unwrap();
+    first.free(p, &s).unwrap();
+    drop(first);
+    let second = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let q = second.alloc(512, &s).unwrap();
+    second.free(q, &s).unwrap();
+    assert_eq!(second.alloc(512, &s).unwrap(), q);
+    let st = second.stats();
+    assert_eq!((st.allocs, st.frees), (2, 1));
+}
+
+/// Threads allocating and freeing on their own streams and on a shared
+/// one, with stats, snapshots and trims running beside them: every block
+/// is filled and checked (an overlap would show), nothing is lost.
+#[test]
+fn threads_caches_under_contention_keep_blocks_apart_and_lose_nothing() {
+    let pool = pool(512 * MIB, 2 * MIB, usize::MAX);
+    let shared = HostStream::new();
+    let threads = 6;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (pool, shared) = (&pool, &shared);
+                sc.spawn(move || {
+                    let own = HostStream::new();
+                    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 * 0x1234_5678);
+                    let mut next = move || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    let mut live: Vec<(u64, usize, u64, bool)> = Vec::new();
+                    for i in 0..4000u64 {
+                        let on_shared = next() % 4 == 0;
+                        let s = if on_shared { shared } else { &own };
+                        // At least 16 bytes: the head and tail marks apart.
+                        let size = 16 + (next() % (96 * KIB as u64)) as usize;
+                        let p = pool.alloc(size, s).unwrap();
+                        let seed = (t as u64) << 32 | i;
+                        let bytes = seed.to_le_bytes();
+                        pool.backend().write(p, &bytes).unwrap();
+                        pool.backend().write(p + size as u64 - 8, &bytes).unwrap();
+                        live.push((p, size, seed, on_shared));
+                        if live.len() > 48 || next() % 3 == 0 {
+                            let k = (next() as usize) % live.len();
+                            let (p, size, seed, on_shared) = live.swap_remove(k);
+                            let mut got = [0u8; 8];
+                            pool.backend().read(p, &mut got).unwrap();
+                            assert_eq!(u64::from_le_bytes(got), seed, "block {p:#x} overwritten");
+                            pool.backend().read(p + size as u64 - 8, &mut got).unwrap();
+                            assert_eq!(
+                                u64::from_le_bytes(got),
+                                seed,
+                                "block {p:#x} end overwritten"
+                            );
+                            pool.free(p, if on_shared { shared } else { &own }).unwrap();
+                        }
+                    }
+                    for (p, _, _, on_shared) in live {
+                        pool.free(p, if on_shared { shared } else { &own }).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let watcher = sc.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let st = pool.stats();
+                assert_eq!(st.bad_frees, 0);
+                let _ = pool.snapshot();
+                let _ = pool.trim(64 * MIB);
+            }
+        });
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        watcher.join().unwrap();
+    });
+    let st = pool.stats();
+    assert_eq!(st.allocs, threads as u64 * 4000);
+    assert_eq!((st.frees, st.in_use, st.bad_frees), (st.allocs, 0, 0));
+    assert_eq!(pool.trim(0).unwrap(), 2 * MIB, "nothing lost");
+}
