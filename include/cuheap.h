@@ -125,7 +125,8 @@ typedef struct cuheap_pool_config {
     size_t reserve;            /* address space; never maps more (device memory) */
     size_t initial;            /* mapped at creation (64 MiB) */
     size_t chunk;              /* mapping unit (32 MiB) */
-    size_t stream_cache_limit; /* bytes one stream's cache may hold (64 MiB) */
+    size_t stream_cache_limit; /* bytes one stream's cache may hold (64 MiB); each
+                                  thread also keeps up to 2 MiB a stream, for 8 streams */
     size_t cache_limit;        /* bytes all streams' caches may hold (256 MiB) */
     size_t flags;              /* CUHEAP_POOL_* bits, or 0 (added in 0.1: rebuild callers) */
 } cuheap_pool_config_t;

@@ -56,10 +56,24 @@ pub struct MemoryUse {
     pub failures: u64,
 }
 
+/// The mean cost of one call with no clock read per call: alloc + free
+/// pairs timed as a batch (median over batches).
+#[derive(Clone, Debug, Serialize)]
+pub struct LoopCost {
+    pub allocator: &'static str,
+    pub case: String,
+    pub ns_per_call: f64,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct HostReport {
     pub device: String,
+    /// p50 of reading the host clock twice with nothing between, in ns:
+    /// part of every per-call latency.
+    pub clock_ns: f64,
     pub latency: Vec<Latency>,
+    /// Single sizes in a loop ([`LoopCost`]).
+    pub loops: Vec<LoopCost>,
     pub throughput: Vec<Throughput>,
     pub memory: Vec<MemoryUse>,
 }
@@ -302,6 +316,40 @@ fn single_size(a: &dyn Alloc, s: &Arc<CudaStream>, size: usize, n: usize) -> Res
         free_p50_us: pct(&mut tf, 0.5),
         free_p99_us: pct(&mut tf, 0.99),
     })
+}
+
+/// `pairs` alloc + free pairs of `size` timed as one batch, seven
+/// times: the median batch's mean per call.
+fn in_a_loop(a: &dyn Alloc, s: &Arc<CudaStream>, size: usize, pairs: usize) -> Result<LoopCost> {
+    for _ in 0..8 {
+        let p = a.allocate(size, s)?;
+        a.deallocate(p, s)?;
+    }
+    let mut per_call = Vec::with_capacity(7);
+    for _ in 0..7 {
+        let t = Instant::now();
+        for _ in 0..pairs {
+            let p = a.allocate(size, s)?;
+            a.deallocate(p, s)?;
+        }
+        per_call.push(t.elapsed().as_nanos() as f64 / (2 * pairs) as f64);
+    }
+    Ok(LoopCost {
+        allocator: a.name(),
+        case: super::device::size_name(size as u32),
+        ns_per_call: pct(&mut per_call, 0.5),
+    })
+}
+
+/// p50 of two clock reads with nothing between, in ns.
+fn clock_floor() -> f64 {
+    let mut t: Vec<f64> = (0..100_000)
+        .map(|_| {
+            let t = Instant::now();
+            us(t) * 1e3
+        })
+        .collect();
+    pct(&mut t, 0.5)
 }
 
 fn xorshift(x: &mut u64) -> u64 {
@@ -685,6 +733,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
     let allocs: [&dyn Alloc; 3] = [&pool, &Async, &Sync_];
     let mut r = HostReport {
         device: gpu.info().name.clone(),
+        clock_ns: clock_floor(),
         ..HostReport::default()
     };
     for size in [256usize, 64 << 10, 1 << 20, 16 << 20, 64 << 20] {
@@ -700,6 +749,21 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
                 20_000
             };
             r.latency.push(single_size(a, &s, size, n)?);
+        }
+    }
+    for size in [256usize, 64 << 10, 1 << 20] {
+        for a in &allocs[..2] {
+            progress(&format!(
+                "{} {} in a loop",
+                a.name(),
+                super::device::size_name(size as u32)
+            ));
+            let pairs = if a.name() == "cuheap pool" {
+                100_000
+            } else {
+                10_000
+            };
+            r.loops.push(in_a_loop(*a, &s, size, pairs)?);
         }
     }
     // The C API beside the pool it wraps: the single sizes and threads.
@@ -746,8 +810,8 @@ pub fn failures(r: &HostReport) -> u64 {
 
 pub fn table(r: &HostReport) -> String {
     let mut out = format!(
-        "device: {}; host clock per call, microseconds\n\n",
-        r.device
+        "device: {}; host clock per call, microseconds (reading the clock twice takes {:.1} ns at p50: part of each figure)\n\n",
+        r.device, r.clock_ns
     );
     out += "| case | allocator | alloc p50 | alloc p99 | free p50 | free p99 |\n|---|---|---|---|---|---|\n";
     for l in &r.latency {
@@ -755,6 +819,12 @@ pub fn table(r: &HostReport) -> String {
             "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
             l.case, l.allocator, l.alloc_p50_us, l.alloc_p99_us, l.free_p50_us, l.free_p99_us
         );
+    }
+    if !r.loops.is_empty() {
+        out += "\n| single size, alloc + free pairs in a loop (no clock per call) | allocator | ns per call (median of 7 batches) |\n|---|---|---|\n";
+        for l in &r.loops {
+            out += &format!("| {} | {} | {:.1} |\n", l.case, l.allocator, l.ns_per_call);
+        }
     }
     out += "\n| threads (own stream each) | allocator | M pairs/s | vs 1 thread | failures |\n|---|---|---|---|---|\n";
     for t in &r.throughput {

@@ -227,6 +227,9 @@ pub(super) struct StreamCache<B: Backend> {
     pub(super) seen: AtomicU64,
     /// The threads' caches of this stream ([`super::local`]).
     pub(super) locals: Mutex<Vec<Weak<Local<B>>>>,
+    /// Bumped (under the cache's lock) whenever blocks or counters move in
+    /// from a thread's cache, so that `stats` can tell it read them twice.
+    pub(super) moves: AtomicU64,
 }
 
 impl<B: Backend> StreamCache<B> {
@@ -239,6 +242,7 @@ impl<B: Backend> StreamCache<B> {
             released: AtomicBool::new(false),
             seen: AtomicU64::new(0),
             locals: Mutex::new(Vec::new()),
+            moves: AtomicU64::new(0),
         }
     }
 

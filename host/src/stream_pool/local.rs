@@ -1,6 +1,6 @@
 //! Thread caches: the blocks one thread freed on one stream, which its
 //! next allocations of those sizes on that stream take back with no lock
-//! and no atomic that another thread writes.
+//! and no atomic shared with other threads but the block's live bit.
 //!
 //! - Each thread keeps, per (pool, stream) it uses (at most
 //!   [`LOCAL_STREAMS`]; a new one pushes the least recently made out), a
@@ -10,7 +10,7 @@
 //!   after the old), so a thread's frees serve its allocations at once.
 //! - The blocks sit behind one pointer, which their thread swaps out for
 //!   the length of a call and stores back after: one exchange on a cache
-//!   line no other thread writes in the common case. The pool reaches
+//!   line of its own (no other thread writes it in the common case). The pool reaches
 //!   them the same way ([`Local::with_held`]), waiting while the thread
 //!   holds them (a few instructions with no wait inside); a thread that
 //!   finds its pointer taken goes the locked way, through its stream's
@@ -46,7 +46,9 @@ pub(super) const LOCAL_PER_KEY: usize = 64;
 /// Thread caches one thread keeps (one per pool and stream).
 const LOCAL_STREAMS: usize = 8;
 
-/// One thread's cache of one stream of one pool.
+/// One thread's cache of one stream of one pool, on cache lines of its
+/// own.
+#[repr(align(128))]
 pub(super) struct Local<B: Backend> {
     sc: Weak<StreamCache<B>>,
     /// The blocks (a leaked `Box`); null while someone holds them.
@@ -152,9 +154,11 @@ impl<B: Backend> Leave for Local<B> {
                 return;
             }
             // A stream cache the pool forgot ended its threads' caches
-            // first, so this one still has its stream's.
+            // first (and `install` attaches none to a released one), so
+            // this one still has its stream's.
             if let Some(sc) = self.sc.upgrade() {
                 let mut c = sc.lock();
+                sc.moves.fetch_add(1, Ordering::Release);
                 if m.move_to(&mut c) {
                     c.dirty = true;
                 }
@@ -225,6 +229,12 @@ pub(super) fn install<B: Backend>(pool: u64, sc: &Arc<StreamCache<B>>) {
     let local = Arc::new(Local::new(sc));
     {
         let mut l = sc.locals.lock().unwrap_or_else(|p| p.into_inner());
+        // Released (`release_stream`, a sweep) and gathered with `end`, or
+        // about to be (`released` is set before the gather takes `locals`):
+        // a cache installed now would never be reached again.
+        if sc.released.load(Ordering::Acquire) {
+            return;
+        }
         l.retain(|w| w.strong_count() > 0);
         l.push(Arc::downgrade(&local));
     }

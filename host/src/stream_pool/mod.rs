@@ -9,7 +9,8 @@
 //!   puts the new user after the old one. In front of it, each thread has
 //!   a small cache per stream ([`local`]) that its allocations and frees
 //!   of up to 1 MiB reach with no lock.
-//! - Caches are bounded, per stream and in all. A cache past its bound,
+//! - Caches are bounded, per stream and in all (and a thread's, per
+//!   thread: see [`PoolConfig::stream_cache_limit`]). A cache past its bound,
 //!   and the cache of a stream no one else holds any more, *sheds* its
 //!   largest blocks straight back to the heap behind the stream's guard
 //!   ([`guard`]): the same stream reuses that memory at once, in any size
@@ -80,12 +81,16 @@ const FOLD_EVERY: u64 = 64;
 pub struct PoolConfig {
     /// Bytes one stream's cache may hold: past it, the largest blocks are
     /// shed (back to the heap, see the module's documentation) until half
-    /// of it stays. Each thread's cache of a stream (in front of the
-    /// stream's) holds at most 2 MiB, and at most this much.
+    /// of it stays. In front of it, each thread using the stream holds up
+    /// to 2 MiB of the stream's blocks (less if this limit or
+    /// `cache_limit` is lower), for at most 8 streams a thread; the pool
+    /// takes those back when it is short, trims, or lets go of the
+    /// stream, and a thread's go to its streams when it exits.
     pub stream_cache_limit: usize,
     /// Bytes all the streams' caches may hold together (checked on each
-    /// stream every 64 calls): a cache that finds the total past it sheds
-    /// half of its blocks.
+    /// stream every 64 calls that reach its cache): a cache that finds the
+    /// total past it sheds half of its blocks. Threads' caches are
+    /// bounded apart (see `stream_cache_limit`).
     pub cache_limit: usize,
     /// Address space reserved up front; the pool never holds more.
     pub reserve: usize,
@@ -359,7 +364,7 @@ impl<B: Backend> Pool<B> {
             } else {
                 cfg.cache_limit
             },
-            local_limit: LOCAL_BYTES.min(cfg.stream_cache_limit),
+            local_limit: LOCAL_BYTES.min(cfg.stream_cache_limit).min(cfg.cache_limit),
             graph: cfg.graph,
             capture_check: cfg.capture_check,
             graph_stream: std::sync::OnceLock::new(),
@@ -721,8 +726,12 @@ impl<B: Backend> Pool<B> {
     fn gather(&self, sc: &StreamCache<B>, end: bool) {
         sc.each_local(|l, m| {
             let mut c = sc.lock();
+            sc.moves.fetch_add(1, Ordering::Release);
             if m.move_to(&mut c) {
                 c.dirty = true;
+            }
+            if c.bytes > self.stream_cache_limit {
+                self.shed(sc, &mut c, self.stream_cache_limit / 2);
             }
             self.report(&mut c);
             if end {
@@ -802,8 +811,14 @@ impl<B: Backend> Pool<B> {
         if let Some(e) = c.event.take() {
             self.events.put(e);
         }
-        self.fold(&mut c.net);
         self.report(c);
+        self.keep_counts(c);
+    }
+
+    /// Moves a cache's counters and bytes in use into the pool's (a
+    /// cache being forgotten). Under the cache's lock; harmless twice.
+    fn keep_counts(&self, c: &mut Cache<B::Event>) {
+        self.fold(&mut c.net);
         let mut f = self
             .forgotten_counts
             .lock()
@@ -812,6 +827,16 @@ impl<B: Backend> Pool<B> {
             *t += v;
         }
         c.counts = [0; 4];
+    }
+
+    /// Counts a call on `sc`, whose lock `c` is; a cache let go of
+    /// meanwhile (whose counts `forget` may have taken already) passes
+    /// them to the pool's at once.
+    fn account_call(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>, which: usize, bytes: i64) {
+        self.account(sc, c, which, bytes);
+        if sc.released.load(Ordering::Acquire) {
+            self.keep_counts(c);
+        }
     }
 
     /// Allocates `size` bytes for use on `stream` (256-byte aligned). The
@@ -874,7 +899,7 @@ impl<B: Backend> Pool<B> {
         if let Some(how) = how {
             c.counts[how] += 1;
         }
-        self.account(&own, &mut c, ALLOCS, key.bytes() as i64);
+        self.account_call(&own, &mut c, ALLOCS, key.bytes() as i64);
         Ok(ptr)
     }
 
@@ -919,6 +944,12 @@ impl<B: Backend> Pool<B> {
                 return Ok((p as usize as u64, None));
             }
         }
+        // The stream's other threads' blocks need no wait: before another
+        // stream's.
+        self.gather(own, false);
+        if let Some(p) = own.lock().pop(key) {
+            return Ok((p, Some(SAME)));
+        }
         if let Some(p) = self.steal(own, key)? {
             return Ok((p, Some(CROSS)));
         }
@@ -941,18 +972,20 @@ impl<B: Backend> Pool<B> {
             let kept = with_local::<B, _>(self.id, B::stream_id(stream), |m| {
                 m.push(key, ptr);
                 self.count_local(m, FREES, -(key.bytes() as i64));
-                if m.bytes > self.local_limit {
-                    m.shed(self.local_limit / 2)
-                } else if m.len(key) > LOCAL_PER_KEY {
-                    m.take(key, LOCAL_PER_KEY / 2)
-                } else {
-                    Vec::new()
+                let mut out = Vec::new();
+                if m.len(key) > LOCAL_PER_KEY {
+                    out = m.take(key, LOCAL_PER_KEY / 2);
                 }
+                if m.bytes > self.local_limit {
+                    out.extend(m.shed(self.local_limit / 2));
+                }
+                out
             });
             match kept {
                 Reach::Done(spilled) => {
                     if !spilled.is_empty() {
-                        self.to_stream_cache(stream, |_, c| {
+                        self.to_stream_cache(stream, |own, c| {
+                            own.moves.fetch_add(1, Ordering::Release);
                             self.recache(c, spilled);
                             self.report(c);
                         });
@@ -1028,7 +1061,7 @@ impl<B: Backend> Pool<B> {
         let key = self.release_live(ptr)?;
         let own = self.cache(first);
         let mut c = own.lock();
-        self.account(&own, &mut c, FREES, -(key.bytes() as i64));
+        self.account_call(&own, &mut c, FREES, -(key.bytes() as i64));
         drop(c);
         if self.retire(streams, vec![ptr]).is_err() {
             // No event could be recorded: wait for the streams on the host.

@@ -12,7 +12,8 @@ pub struct PoolStats {
     pub reserved: usize,
     /// Bytes handed out and not freed (block sizes).
     pub in_use: usize,
-    /// Largest `in_use` seen; sampled every 64 calls per stream.
+    /// Largest `in_use` seen; sampled every 64 calls per stream cache
+    /// or thread cache.
     pub peak_in_use: usize,
     /// Bytes freed and cached, per stream (its id as an integer).
     pub cached_per_stream: Vec<(usize, usize)>,
@@ -92,20 +93,31 @@ impl<B: Backend> Pool<B> {
         let mut per_stream = [0u64; 4];
         let mut net = 0i64;
         for (id, sc) in self.caches.read().unwrap_or_else(|p| p.into_inner()).iter() {
-            // The threads' caches of the stream first (never under its lock).
-            let mut bytes = 0;
-            sc.each_local(|_, m| {
-                bytes += m.bytes;
-                net += m.net;
-                for (t, v) in per_stream.iter_mut().zip(m.counts) {
+            // The threads' caches of the stream first (never under its lock),
+            // again if blocks moved from them to the stream's cache meanwhile.
+            for tries in 0.. {
+                let seen = sc.moves.load(Ordering::Acquire);
+                let (mut bytes, mut n, mut counts) = (0, 0i64, [0u64; 4]);
+                sc.each_local(|_, m| {
+                    bytes += m.bytes;
+                    n += m.net;
+                    for (t, v) in counts.iter_mut().zip(m.counts) {
+                        *t += v;
+                    }
+                });
+                let c = sc.lock();
+                if sc.moves.load(Ordering::Acquire) != seen && tries < 8 {
+                    continue;
+                }
+                cached_per_stream.push((*id, c.bytes + bytes));
+                net += c.net + n;
+                for (t, v) in per_stream.iter_mut().zip(c.counts) {
                     *t += v;
                 }
-            });
-            let c = sc.lock();
-            cached_per_stream.push((*id, c.bytes + bytes));
-            net += c.net;
-            for (t, v) in per_stream.iter_mut().zip(c.counts) {
-                *t += v;
+                for (t, v) in per_stream.iter_mut().zip(counts) {
+                    *t += v;
+                }
+                break;
             }
         }
         let (free_bytes, largest) = self.free_space();
