@@ -226,9 +226,9 @@ pub struct Pool<B: Backend = CudaBackend> {
     /// What streams shed went to the heap at once; others wait for it.
     guards: Guards<B>,
     /// Bytes of the blocks in `retired`.
-    retired_bytes: AtomicUsize,
+    retired_bytes: Own<AtomicUsize>,
     /// Bytes in the streams' caches, as last reported by each.
-    cached_bytes: AtomicUsize,
+    cached_bytes: Own<AtomicUsize>,
     stream_cache_limit: usize,
     cache_limit: usize,
     /// Bytes a thread's cache of one stream holds at most ([`local`]).
@@ -243,9 +243,23 @@ pub struct Pool<B: Backend = CudaBackend> {
     capture_check: bool,
     release_threshold: usize,
     /// Bytes in use as of the last fold of the streams' `net` counters.
-    folded: AtomicI64,
-    peak: AtomicUsize,
-    counts: [AtomicU64; 4],
+    folded: Own<AtomicI64>,
+    peak: Own<AtomicUsize>,
+    counts: Own<[AtomicU64; 4]>,
+}
+
+/// A counter that threads update, on cache lines of its own: the fields
+/// every call reads (the heap's handle, the limits) stay on lines no
+/// update invalidates.
+#[repr(align(128))]
+#[derive(Default)]
+struct Own<T>(T);
+
+impl<T> std::ops::Deref for Own<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// Freed blocks on their way back to the heap: they go once every event
@@ -352,8 +366,8 @@ impl<B: Backend> Pool<B> {
             forgotten_counts: Mutex::new([0; 4]),
             retired: Mutex::new(Vec::new()),
             guards: Guards::new(pages as usize),
-            retired_bytes: AtomicUsize::new(0),
-            cached_bytes: AtomicUsize::new(0),
+            retired_bytes: Own(AtomicUsize::new(0)),
+            cached_bytes: Own(AtomicUsize::new(0)),
             stream_cache_limit: if cfg.graph {
                 usize::MAX
             } else {
@@ -370,8 +384,8 @@ impl<B: Backend> Pool<B> {
             graph_stream: std::sync::OnceLock::new(),
             sealed: std::sync::atomic::AtomicBool::new(false),
             release_threshold: cfg.release_threshold,
-            folded: AtomicI64::new(0),
-            peak: AtomicUsize::new(0),
+            folded: Own(AtomicI64::new(0)),
+            peak: Own(AtomicUsize::new(0)),
             counts: Default::default(),
         };
         // Nothing is mapped yet: every page is fenced.
