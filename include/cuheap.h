@@ -140,6 +140,13 @@ typedef struct cuheap_pool_config {
  * would use memory the pool hands out again; one cuStreamIsCapturing per
  * call. The pools of the PyTorch and CuPy hooks have it. */
 #define CUHEAP_POOL_CHECK_CAPTURE 2
+/* cuheap_pool_config_t::flags: a CUDA graph's pool, for the allocations of
+ * one capture: it serves one stream (the first it sees), and blocks freed
+ * during the capture serve its later allocations with no event and no
+ * host wait (stream order orders them). Map what the graph needs up front
+ * (initial). After the capture, cuheap_pool_seal it, and
+ * cuheap_pool_tie_to_graph it so that its memory goes with the graph. */
+#define CUHEAP_POOL_GRAPH 4
 
 typedef struct cuheap_pool_stats {
     unsigned long long reserved;    /* bytes of device memory mapped */
@@ -185,6 +192,17 @@ int cuheap_pool_trim(cuheap_pool_t* pool, size_t keep, size_t* mapped);
  * has no peer path to the pool's: CUHEAP_ERROR_INVALID. Order work across
  * devices with events, as for any memory. */
 int cuheap_pool_grant_access(cuheap_pool_t* pool, int device);
+/* A graph's pool (CUHEAP_POOL_GRAPH) after its capture: later allocations
+ * and trims that would unmap fail (CUHEAP_ERROR_INVALID), so the memory
+ * the graph's replays use goes to no one else. Any other pool:
+ * CUHEAP_ERROR_INVALID. */
+int cuheap_pool_seal(cuheap_pool_t* pool);
+/* Gives graph (a CUgraph / cudaGraph_t of the pool's context) a reference
+ * to the pool: it stays, with its memory, while the graph, the executable
+ * graphs instantiated from it, or their launches remain, and goes back
+ * once all are destroyed and done, whenever cuheap_pool_destroy is
+ * called. Tie before instantiating. */
+int cuheap_pool_tie_to_graph(cuheap_pool_t* pool, void* graph);
 /* Takes device's access away (a device never granted does nothing; the
  * pool's own device: CUHEAP_ERROR_INVALID). No work on device may still
  * use the pool's memory. */

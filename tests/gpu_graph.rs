@@ -27,6 +27,29 @@ fn free_memory() -> usize {
     free
 }
 
+/// Starts capturing `s` into a graph.
+fn begin_capture(s: &cudarc::driver::CudaStream) {
+    // SAFETY: a live stream of the current context.
+    unsafe {
+        sys::cuStreamBeginCapture_v2(
+            s.cu_stream(),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        )
+    }
+    .result()
+    .unwrap();
+}
+
+/// Ends `s`'s capture: the graph.
+fn end_capture(s: &cudarc::driver::CudaStream) -> sys::CUgraph {
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: a capture begun on this stream; out-parameter.
+    unsafe { sys::cuStreamEndCapture(s.cu_stream(), &mut graph) }
+        .result()
+        .unwrap();
+    graph
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn a_captured_graph_replays_on_its_own_pools_memory() {
@@ -51,15 +74,7 @@ fn a_captured_graph_replays_on_its_own_pools_memory() {
     let big = (64 * MIB / 4) as u32;
     let cfg = LaunchConfig::for_threads(256 * 1024).on(&s);
 
-    // SAFETY: a live stream of this context.
-    unsafe {
-        sys::cuStreamBeginCapture_v2(
-            s.cu_stream(),
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-        )
-    }
-    .result()
-    .unwrap();
+    begin_capture(&s);
     let a = gp.alloc(4 * MIB, &s).unwrap();
     let d = gp.alloc(64 * MIB, &s).unwrap();
     // The other pool refuses the capturing stream (asking does not break
@@ -88,17 +103,12 @@ fn a_captured_graph_replays_on_its_own_pools_memory() {
     }
     gp.free(c, &s).unwrap();
     gp.free(d, &s).unwrap();
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let graph = end_capture(&s);
     let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-    // SAFETY: the capture begun above, on this stream; out-parameters.
-    unsafe {
-        sys::cuStreamEndCapture(s.cu_stream(), &mut graph)
-            .result()
-            .unwrap();
-        sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
-            .result()
-            .unwrap();
-    }
+    // SAFETY: the graph just captured; out-parameter.
+    unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
+        .result()
+        .unwrap();
     gp.seal().unwrap();
     assert!(gp.alloc(4096, &s).is_err(), "sealed: nothing more from it");
 
@@ -145,4 +155,75 @@ fn a_captured_graph_replays_on_its_own_pools_memory() {
         free_memory() >= held + 256 * MIB,
         "the graph's pool gave its memory back"
     );
+}
+
+/// A graph's pool tied to its graph (`Pool::tie_to_graph`) outlives every
+/// handle of the program's: the graph's executable replays on its
+/// memory after the program dropped the pool, and the memory goes back
+/// once the graph and its executable are destroyed.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_pool_tied_to_its_graph_goes_when_the_graph_does() {
+    let gpu = gpu();
+    let k = kernels(&gpu);
+    let ctx = gpu.context();
+    let s = ctx.new_stream().unwrap();
+    let before = free_memory();
+    let gp =
+        std::sync::Arc::new(Pool::new(ctx, PoolConfig::for_graph(4 << 30, 256 * MIB)).unwrap());
+    assert!(before - free_memory() >= 256 * MIB, "mapped up front");
+    let errors = gpu.alloc_zeroed(4).unwrap();
+    let n = (4 * MIB / 4) as u32;
+    let cfg = LaunchConfig::for_threads(256 * 1024).on(&s);
+    begin_capture(&s);
+    let a = gp.alloc(4 * MIB, &s).unwrap();
+    // SAFETY: the block holds `n` words and lives until its free below,
+    // in stream order on `s`; `errors` holds a u32.
+    unsafe {
+        k.spin_fill(&cfg, DevicePtr::from_raw(a), n, X, 0).unwrap();
+        k.check_fill(&cfg, DevicePtr::from_raw(a), n, X, Y, errors.as_ptr())
+            .unwrap();
+    }
+    gp.free(a, &s).unwrap();
+    let graph = end_capture(&s);
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    gp.seal().unwrap();
+    // SAFETY: the live graph just captured, of the pool's context.
+    unsafe { gp.tie_to_graph(graph) }.unwrap();
+    // SAFETY: a null graph is refused before the driver sees it.
+    assert!(unsafe { gp.tie_to_graph(std::ptr::null_mut()) }.is_err());
+    // SAFETY: the graph captured above; out-parameter.
+    unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
+        .result()
+        .unwrap();
+    let weak = std::sync::Arc::downgrade(&gp);
+    drop(gp);
+    assert!(weak.upgrade().is_some(), "the graph holds the pool");
+    for _ in 0..100 {
+        // SAFETY: an instantiated graph, launched on a live stream.
+        unsafe { sys::cuGraphLaunch(exec, s.cu_stream()) }
+            .result()
+            .unwrap();
+    }
+    s.synchronize().unwrap();
+    let mut e = [0u32];
+    errors.read(0, &mut e).unwrap();
+    assert_eq!(e[0], 0, "a replay saw a wrong word");
+    // Destroying the source graph alone leaves the executable's reference.
+    // SAFETY: the graph, not used again (the executable is its own).
+    unsafe { sys::cuGraphDestroy(graph) }.result().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(weak.upgrade().is_some(), "the executable holds the pool");
+    let held = free_memory();
+    // SAFETY: the executable, idle after the synchronisation above.
+    unsafe { sys::cuGraphExecDestroy(exec) }.result().unwrap();
+    let start = std::time::Instant::now();
+    while weak.upgrade().is_some() || free_memory() < held + 256 * MIB {
+        assert!(
+            start.elapsed().as_secs() < 20,
+            "the pool did not go with its graph: {} MiB back",
+            free_memory().saturating_sub(held) / MIB
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

@@ -30,7 +30,8 @@ pub struct CuheapPoolConfig {
     pub cache_limit: usize,
     /// `CUHEAP_POOL_SHAREABLE`: memory other processes can map
     /// (`cuheap_pool_export_block`); `CUHEAP_POOL_CHECK_CAPTURE`: refuse a
-    /// capturing stream. Other bits are refused.
+    /// capturing stream; `CUHEAP_POOL_GRAPH`: a graph's pool
+    /// (`PoolConfig::for_graph`). Other bits are refused.
     pub flags: usize,
 }
 
@@ -39,8 +40,10 @@ pub const CUHEAP_POOL_SHAREABLE: usize = 1;
 /// `cuheap_pool_config_t::flags`: refuse a stream being captured into a
 /// CUDA graph (`PoolConfig::capture_check`).
 pub const CUHEAP_POOL_CHECK_CAPTURE: usize = 2;
+/// `cuheap_pool_config_t::flags`: a graph's pool (`PoolConfig::graph`).
+pub const CUHEAP_POOL_GRAPH: usize = 4;
 /// Every flag.
-const FLAGS: usize = CUHEAP_POOL_SHAREABLE | CUHEAP_POOL_CHECK_CAPTURE;
+const FLAGS: usize = CUHEAP_POOL_SHAREABLE | CUHEAP_POOL_CHECK_CAPTURE | CUHEAP_POOL_GRAPH;
 
 impl CuheapPoolConfig {
     /// The pool's settings on a device of `memory` bytes.
@@ -57,6 +60,7 @@ impl CuheapPoolConfig {
         cfg.cache_limit = pick(self.cache_limit, cfg.cache_limit);
         cfg.shareable = self.flags & CUHEAP_POOL_SHAREABLE != 0;
         cfg.capture_check = self.flags & CUHEAP_POOL_CHECK_CAPTURE != 0;
+        cfg.graph = self.flags & CUHEAP_POOL_GRAPH != 0;
         cfg
     }
 }
@@ -104,7 +108,8 @@ impl From<&PoolStats> for CuheapPoolStats {
 
 /// A pool and the streams it has seen (`cuheap_pool_t`).
 pub struct CuheapPool {
-    pool: Pool,
+    /// Shared with the graphs the pool is tied to (`cuheap_pool_tie_to_graph`).
+    pool: Arc<Pool>,
     ctx: Arc<CudaContext>,
     /// Never reused, so a thread's remembered stream of a destroyed pool
     /// never matches a new one.
@@ -137,7 +142,7 @@ impl CuheapPool {
     /// A pool in `ctx` (a primary context).
     pub fn new(ctx: Arc<CudaContext>, cfg: &CuheapPoolConfig) -> Result<CuheapPool> {
         let memory = ctx.total_mem().during("cuDeviceTotalMem")?;
-        let pool = Pool::new(&ctx, cfg.resolve(memory))?;
+        let pool = Arc::new(Pool::new(&ctx, cfg.resolve(memory))?);
         Ok(CuheapPool {
             pool,
             ctx,
@@ -368,6 +373,44 @@ pub unsafe extern "C" fn cuheap_pool_trim(
             unsafe { mapped.write(now) };
         }
         Ok(())
+    })
+}
+
+/// Ends a graph's pool's allocations once its graph is captured:
+/// `int cuheap_pool_seal(cuheap_pool_t*)` (see `Pool::seal`).
+///
+/// # Safety
+///
+/// `pool` is NULL (refused) or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_pool_seal(pool: *const CuheapPool) -> c_int {
+    entry("cuheap_pool_seal", || {
+        // SAFETY: the caller's contract.
+        unsafe { pool_ref(pool) }?.pool.seal()
+    })
+}
+
+/// Ties the pool's life to a graph's: `int
+/// cuheap_pool_tie_to_graph(cuheap_pool_t*, void* graph)` with a
+/// `CUgraph` / `cudaGraph_t` (see `Pool::tie_to_graph`). The pool's memory
+/// stays while the graph, its executables or their launches remain,
+/// whenever `cuheap_pool_destroy` is called.
+///
+/// # Safety
+///
+/// `pool` is NULL (refused) or a live pool; `graph` is NULL (refused) or a
+/// live graph of the pool's context.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_pool_tie_to_graph(
+    pool: *const CuheapPool,
+    graph: *mut c_void,
+) -> c_int {
+    entry("cuheap_pool_tie_to_graph", || {
+        // SAFETY: the caller's contract.
+        let p = unsafe { pool_ref(pool) }?;
+        // SAFETY: a live graph of the pool's context (the caller's
+        // contract); NULL is refused by the pool.
+        unsafe { p.pool.tie_to_graph(graph as sys::CUgraph) }
     })
 }
 

@@ -46,6 +46,11 @@ fn null_handles_and_out_pointers_are_refused_with_a_message() {
             cuheap_pool_grant_access(null_mut(), 1),
             CUHEAP_ERROR_INVALID
         );
+        assert_eq!(cuheap_pool_seal(null_mut()), CUHEAP_ERROR_INVALID);
+        assert_eq!(
+            cuheap_pool_tie_to_graph(null_mut(), null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
         assert_eq!(
             cuheap_pool_revoke_access(null_mut(), 1),
             CUHEAP_ERROR_INVALID
@@ -537,5 +542,106 @@ fn a_block_goes_through_a_socket_and_maps_again() {
         assert_eq!(cuheap_pool_free(plain, r, null_mut()), CUHEAP_OK);
         assert_eq!(cuheap_pool_destroy(plain), CUHEAP_OK);
         assert_eq!(cuheap_pool_destroy(pool), CUHEAP_OK);
+    }
+}
+
+/// A graph's pool through the C API: created with `CUHEAP_POOL_GRAPH`, it
+/// serves a capture; sealed, it refuses more; tied to the graph, it
+/// outlives `cuheap_pool_destroy` while the graph's executable replays,
+/// and its memory goes back once the graph and the executable are gone.
+/// A pool that is not a graph's refuses to be sealed.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_graph_pool_through_the_c_api_goes_with_its_graph() {
+    let ctx = device_context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let free_memory = || {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-parameters; the context is current on this thread.
+        unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }
+            .result()
+            .unwrap();
+        free
+    };
+    let cfg = CuheapPoolConfig {
+        reserve: 1 << 30,
+        initial: 256 << 20,
+        flags: CUHEAP_POOL_GRAPH,
+        ..CuheapPoolConfig::default()
+    };
+    let (mut pool, mut plain) = (null_mut(), null_mut());
+    let mut graph: sys::CUgraph = null_mut();
+    let mut exec: sys::CUgraphExec = null_mut();
+    // SAFETY: valid pointers; the stream lives to the end; the graph and
+    // its executable are destroyed once, after their last launch.
+    unsafe {
+        assert_eq!(cuheap_pool_create(std::ptr::null(), &mut plain), CUHEAP_OK);
+        assert_eq!(cuheap_pool_seal(plain), CUHEAP_ERROR_INVALID);
+        assert!(last().contains("not a graph's"), "{}", last());
+        assert_eq!(cuheap_pool_destroy(plain), CUHEAP_OK);
+        ctx.bind_to_thread().unwrap();
+        let before = free_memory();
+        assert_eq!(cuheap_pool_create(&cfg, &mut pool), CUHEAP_OK, "{}", last());
+        assert!(before - free_memory() >= 256 << 20, "mapped up front");
+        sys::cuStreamBeginCapture_v2(
+            s.cu_stream(),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        )
+        .result()
+        .unwrap();
+        let (mut a, mut b) = (null_mut(), null_mut());
+        assert_eq!(
+            cuheap_pool_alloc(pool, 1 << 20, s.cu_stream(), &mut a),
+            CUHEAP_OK
+        );
+        sys::cuMemsetD32Async(a as u64, 7, (1 << 20) / 4, s.cu_stream())
+            .result()
+            .unwrap();
+        assert_eq!(cuheap_pool_free(pool, a, s.cu_stream()), CUHEAP_OK);
+        assert_eq!(
+            cuheap_pool_alloc(pool, 1 << 20, s.cu_stream(), &mut b),
+            CUHEAP_OK
+        );
+        assert_eq!(a, b, "freed in the capture, reused in stream order");
+        assert_eq!(cuheap_pool_free(pool, b, s.cu_stream()), CUHEAP_OK);
+        sys::cuStreamEndCapture(s.cu_stream(), &mut graph)
+            .result()
+            .unwrap();
+        assert_eq!(cuheap_pool_seal(pool), CUHEAP_OK);
+        let mut more = null_mut();
+        assert_eq!(
+            cuheap_pool_alloc(pool, 256, s.cu_stream(), &mut more),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_pool_tie_to_graph(pool, graph.cast()),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+            .result()
+            .unwrap();
+        assert_eq!(cuheap_pool_destroy(pool), CUHEAP_OK);
+        for _ in 0..100 {
+            sys::cuGraphLaunch(exec, s.cu_stream()).result().unwrap();
+        }
+        s.synchronize().unwrap();
+        let mut word = 0u32;
+        sys::cuMemcpyDtoH_v2((&mut word as *mut u32).cast(), a as u64, 4)
+            .result()
+            .unwrap();
+        assert_eq!(word, 7, "the replays wrote the graph's block");
+        let held = free_memory();
+        sys::cuGraphExecDestroy(exec).result().unwrap();
+        sys::cuGraphDestroy(graph).result().unwrap();
+        let start = std::time::Instant::now();
+        while free_memory() < held + (256 << 20) {
+            assert!(
+                start.elapsed().as_secs() < 20,
+                "the pool did not go with its graph"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }

@@ -39,6 +39,7 @@
 
 mod buffer;
 mod cache;
+mod graph;
 mod guard;
 mod live;
 mod local;
@@ -162,7 +163,8 @@ impl PoolConfig {
     /// [`Reservation`]). Map what the graph needs up front (`initial`):
     /// growth during a capture maps memory, which the driver may refuse
     /// there. A pool with [`PoolConfig::capture_check`] refuses a
-    /// capturing stream.
+    /// capturing stream. [`Pool::tie_to_graph`] gives the pool to the
+    /// graph instead: it then goes when the graph does.
     pub fn for_graph(reserve: usize, initial: usize) -> PoolConfig {
         PoolConfig {
             initial,
