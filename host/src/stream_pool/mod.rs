@@ -168,8 +168,6 @@ impl PoolConfig {
     pub fn for_graph(reserve: usize, initial: usize) -> PoolConfig {
         PoolConfig {
             initial,
-            stream_cache_limit: usize::MAX,
-            cache_limit: usize::MAX,
             graph: true,
             ..PoolConfig::new(reserve)
         }
@@ -1319,11 +1317,7 @@ impl<B: Backend> Pool<B> {
     fn fresh_for_graph(&self, size: usize, slot: u32) -> Result<u64> {
         let heap = self.heap();
         for sc in self.all_caches() {
-            let mut c = sc.lock();
-            let blocks = c.drain();
-            self.report(&mut c);
-            drop(c);
-            for p in blocks {
+            for p in self.take_cached(&sc) {
                 let _ = heap.free(p as usize as *mut u8, slot);
             }
         }
@@ -1345,19 +1339,26 @@ impl<B: Backend> Pool<B> {
         Ok(())
     }
 
+    /// Takes every block of `sc`'s cache (none: the cache is left as it
+    /// is); the blocks are the caller's to free.
+    fn take_cached(&self, sc: &StreamCache<B>) -> Vec<u64> {
+        let mut c = sc.lock();
+        if c.bytes == 0 {
+            return Vec::new();
+        }
+        c.dirty = false;
+        let blocks = c.drain();
+        self.report(&mut c);
+        blocks
+    }
+
     fn flush(&self, sc: &StreamCache<B>) -> Result<()> {
         // A stream being let go of ends its threads' caches too.
         self.gather(sc, sc.released.load(Ordering::Acquire));
-        let blocks: Vec<u64> = {
-            let mut c = sc.lock();
-            if c.bytes == 0 {
-                return Ok(());
-            }
-            c.dirty = false;
-            let blocks = c.drain();
-            self.report(&mut c);
-            blocks
-        };
+        let blocks = self.take_cached(sc);
+        if blocks.is_empty() {
+            return Ok(());
+        }
         if let Err(e) = self.wait_on_host(&sc.stream) {
             // Not known to be idle: the blocks stay cached on their stream,
             // and the next steal must record a new event.
