@@ -197,11 +197,16 @@ int cuheap_pool_grant_access(cuheap_pool_t* pool, int device);
  * the graph's replays use goes to no one else. Any other pool:
  * CUHEAP_ERROR_INVALID. */
 int cuheap_pool_seal(cuheap_pool_t* pool);
-/* Gives graph (a CUgraph / cudaGraph_t of the pool's context) a reference
- * to the pool: it stays, with its memory, while the graph, the executable
- * graphs instantiated from it, or their launches remain, and goes back
- * once all are destroyed and done, whenever cuheap_pool_destroy is
- * called. Tie before instantiating. */
+/* Seals a graph's pool (CUHEAP_POOL_GRAPH; any other pool:
+ * CUHEAP_ERROR_INVALID) and gives graph (a CUgraph / cudaGraph_t of the
+ * pool's context, used by no other thread during the call) a reference to
+ * it: the pool stays, with its memory, while the graph, the executable
+ * graphs instantiated from it after this call, or their launches remain,
+ * and its memory goes back once all are destroyed and done (on a thread
+ * of cuheap's, a moment later), whenever cuheap_pool_destroy is called.
+ * An executable instantiated before the call holds no reference and must
+ * not be launched once the pool is gone: tie, then instantiate. Keep
+ * libcuheap loaded while a tied graph lives. */
 int cuheap_pool_tie_to_graph(cuheap_pool_t* pool, void* graph);
 /* Takes device's access away (a device never granted does nothing; the
  * pool's own device: CUHEAP_ERROR_INVALID). No work on device may still
@@ -235,7 +240,8 @@ int cuheap_import_receive(int socket, cuheap_import_t** out, void** ptr, size_t*
  * error. NULL does nothing. */
 int cuheap_import_close(cuheap_import_t* import);
 /* Waits for the device and frees the pool's memory (blocks not freed
- * go with it). NULL does nothing. */
+ * go with it); a pool tied to a graph stays until its graph goes (this
+ * drops the handle only). NULL does nothing. */
 int cuheap_pool_destroy(cuheap_pool_t* pool);
 
 /* --- Device heaps for kernels that call cuheap_malloc. --- */

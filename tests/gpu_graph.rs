@@ -18,6 +18,9 @@ const Y: u32 = 0x0B0B_0002;
 const Z: u32 = 0x0C0C_0003;
 const W: u32 = 0x0D0D_0004;
 
+/// The tests read the device's free memory: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn free_memory() -> usize {
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: out-parameters; a context is current (the test's GPU).
@@ -53,6 +56,7 @@ fn end_capture(s: &cudarc::driver::CudaStream) -> sys::CUgraph {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn a_captured_graph_replays_on_its_own_pools_memory() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let gpu = gpu();
     let k = kernels(&gpu);
     let ctx = gpu.context();
@@ -164,6 +168,7 @@ fn a_captured_graph_replays_on_its_own_pools_memory() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn a_pool_tied_to_its_graph_goes_when_the_graph_does() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let gpu = gpu();
     let k = kernels(&gpu);
     let ctx = gpu.context();
@@ -192,6 +197,12 @@ fn a_pool_tied_to_its_graph_goes_when_the_graph_does() {
     unsafe { gp.tie_to_graph(graph) }.unwrap();
     // SAFETY: a null graph is refused before the driver sees it.
     assert!(unsafe { gp.tie_to_graph(std::ptr::null_mut()) }.is_err());
+    let plain = std::sync::Arc::new(Pool::new(ctx, PoolConfig::new(1 << 30)).unwrap());
+    // SAFETY: the live graph; a pool that is not a graph's is refused
+    // before the driver sees it.
+    let e = unsafe { plain.tie_to_graph(graph) }.unwrap_err();
+    assert!(e.to_string().contains("not a graph's"), "{e}");
+    drop(plain);
     // SAFETY: the graph captured above; out-parameter.
     unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
         .result()

@@ -489,7 +489,9 @@ pub unsafe extern "C" fn cuheap_pool_get_stats(
 
 /// Destroys a pool: `int cuheap_pool_destroy(cuheap_pool_t*)`. Waits for
 /// the device's work, then unmaps the pool's memory; blocks not freed are
-/// gone with it. NULL does nothing.
+/// gone with it. A pool tied to a graph (`cuheap_pool_tie_to_graph`)
+/// stays until its graph goes: this drops the handle only. NULL does
+/// nothing.
 ///
 /// # Safety
 ///

@@ -578,7 +578,6 @@ fn a_graph_pool_through_the_c_api_goes_with_its_graph() {
         assert_eq!(cuheap_pool_create(std::ptr::null(), &mut plain), CUHEAP_OK);
         assert_eq!(cuheap_pool_seal(plain), CUHEAP_ERROR_INVALID);
         assert!(last().contains("not a graph's"), "{}", last());
-        assert_eq!(cuheap_pool_destroy(plain), CUHEAP_OK);
         ctx.bind_to_thread().unwrap();
         let before = free_memory();
         assert_eq!(cuheap_pool_create(&cfg, &mut pool), CUHEAP_OK, "{}", last());
@@ -607,6 +606,12 @@ fn a_graph_pool_through_the_c_api_goes_with_its_graph() {
         sys::cuStreamEndCapture(s.cu_stream(), &mut graph)
             .result()
             .unwrap();
+        assert_eq!(
+            cuheap_pool_tie_to_graph(plain, graph.cast()),
+            CUHEAP_ERROR_INVALID,
+            "only a graph's pool is tied"
+        );
+        assert_eq!(cuheap_pool_destroy(plain), CUHEAP_OK);
         assert_eq!(cuheap_pool_seal(pool), CUHEAP_OK);
         let mut more = null_mut();
         assert_eq!(

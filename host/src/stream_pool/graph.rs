@@ -1,13 +1,14 @@
 //! A graph's pool that lives as long as its graph: [`Pool::tie_to_graph`]
 //! gives the graph a reference to the pool (a CUDA user object), so the
-//! pool's memory goes back once the graph, every executable graph made
-//! from it, and their launches are gone, as the stream-ordered
-//! allocator's graph allocations do when their graph is destroyed.
+//! pool's memory goes back once the graph, the executable graphs
+//! instantiated from it afterwards, and their launches are gone.
 //!
-//! The driver calls a user object's destructor on a thread of its own,
-//! where no CUDA call may be made; dropping a pool makes several (it
-//! waits for the device and unmaps). The destructor therefore hands the
-//! pool to a thread of cuheap's ([`reaper`]), which drops it.
+//! The driver calls a user object's destructor where no CUDA call may be
+//! made (on a thread of its own, or inside the call that destroyed the
+//! graph); dropping a pool makes several (it waits for the device and
+//! unmaps). The destructor therefore hands the pool to a thread of
+//! cuheap's ([`reaper`]), which drops it. That thread's capture mode is
+//! relaxed, so its calls do not disturb another thread's capture.
 
 use super::Pool;
 use crate::driver::CudaBackend;
@@ -28,7 +29,19 @@ fn reaper() -> Option<&'static Mutex<Sender<Parcel>>> {
             let (tx, rx) = channel::<Parcel>();
             std::thread::Builder::new()
                 .name("cuheap-reaper".into())
-                .spawn(move || rx.into_iter().for_each(drop))
+                .spawn(move || {
+                    // Relaxed: dropping a pool (a context synchronisation,
+                    // unmapping) while another thread captures a graph in
+                    // the default global mode would break that capture.
+                    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+                    // SAFETY: an out-and-in parameter for this thread's mode.
+                    let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+                    for parcel in rx {
+                        // A drop that panics must not end the reaper.
+                        let _ =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(parcel)));
+                    }
+                })
                 .ok()
                 .map(|_| Mutex::new(tx))
         })
@@ -59,20 +72,25 @@ unsafe extern "C" fn release_pool(ptr: *mut c_void) {
 }
 
 impl Pool<CudaBackend> {
-    /// Ties the pool's life to `graph`'s: the graph holds a reference to
-    /// the pool (a CUDA user object, moved into the graph), which every
-    /// executable graph instantiated from it takes too, so the pool and
-    /// its memory stay while any of them or their launches remain, and
-    /// go back (on a thread of cuheap's) once all are destroyed and done.
-    /// Drop your own handles whenever you like: the graph's keeps the
-    /// pool. Meant for a graph's pool ([`PoolConfig::for_graph`],
-    /// [`Pool::seal`]ed after the capture); tie a pool to each graph that
-    /// uses it. The driver refusing the user object is its
-    /// [`Error::Driver`]; nothing is tied then.
+    /// Ties a graph's pool ([`PoolConfig::for_graph`]) to `graph`, after
+    /// its capture: the pool is sealed ([`Pool::seal`]) and the graph
+    /// holds a reference to it (a CUDA user object, moved into the
+    /// graph), which every executable graph instantiated from it
+    /// afterwards takes too. The pool and its memory stay while any of
+    /// them or their launches remain, and go back once all are destroyed
+    /// and done, on a thread of cuheap's (or on yours, if your handle is
+    /// the last to go). Drop your own handles whenever you like. A pool
+    /// that is not a graph's, or a null graph, is an
+    /// [`Error::InvalidArgument`]; the driver refusing the user object is
+    /// its [`Error::Driver`] (nothing is tied then).
     ///
     /// # Safety
     ///
-    /// `graph` is a live graph (`CUgraph`) of the pool's context.
+    /// `graph` is a live graph (`CUgraph`) of the pool's context that no
+    /// other thread uses during the call. Executable graphs instantiated
+    /// from it *before* the call, or updated later from a graph not tied
+    /// to this pool, hold no reference: they must not be launched once
+    /// the pool is gone (tie before instantiating).
     ///
     /// [`PoolConfig::for_graph`]: super::PoolConfig::for_graph
     pub unsafe fn tie_to_graph(self: &Arc<Self>, graph: sys::CUgraph) -> Result<()> {
@@ -81,6 +99,8 @@ impl Pool<CudaBackend> {
                 "tie_to_graph of a null graph".into(),
             ));
         }
+        // Refuses a pool that is not a graph's.
+        self.seal()?;
         if reaper().is_none() {
             return Err(Error::InvalidArgument(
                 "tie_to_graph: no thread could be started to release the pool".into(),

@@ -164,7 +164,8 @@ impl PoolConfig {
     /// growth during a capture maps memory, which the driver may refuse
     /// there. A pool with [`PoolConfig::capture_check`] refuses a
     /// capturing stream. [`Pool::tie_to_graph`] gives the pool to the
-    /// graph instead: it then goes when the graph does.
+    /// graph instead: it then goes when the graph, the executables made
+    /// from it afterwards and their launches are gone.
     pub fn for_graph(reserve: usize, initial: usize) -> PoolConfig {
         PoolConfig {
             initial,
