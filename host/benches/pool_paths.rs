@@ -7,6 +7,14 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use cuheap_host::{HostBackend, HostStream, Pool, PoolConfig};
 use std::hint::black_box;
 
+/// The next value of a xorshift generator (the benchmark's sizes).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 fn pool() -> Pool<HostBackend> {
     let backend = HostBackend::new(64 << 10, 1 << 30).without_contents();
     Pool::with_backend(backend, PoolConfig::new(1 << 30)).expect("pool")
@@ -27,12 +35,7 @@ fn bench(c: &mut Criterion) {
     // 64 live blocks of 256 B..64 KiB, one freed and one allocated a call.
     g.bench_function("churn_64_live", |b| {
         let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = move || xorshift(&mut rng);
         let mut live: Vec<u64> = (0..64)
             .map(|_| {
                 pool.alloc(256 + (next() % (64 << 10)) as usize, &s)
@@ -71,9 +74,7 @@ fn bench(c: &mut Criterion) {
                                 let mut live: Vec<u64> = Vec::with_capacity(64);
                                 barrier.wait();
                                 for _ in 0..iters {
-                                    rng ^= rng << 13;
-                                    rng ^= rng >> 7;
-                                    rng ^= rng << 17;
+                                    xorshift(&mut rng);
                                     let sz = 256 + (rng % (64 << 10)) as usize;
                                     live.push(pool.alloc(sz, &s).expect("alloc"));
                                     if live.len() >= 64 {
@@ -99,12 +100,7 @@ fn bench(c: &mut Criterion) {
     // all allocated, then all freed (one round a sample).
     let mut rng = 0x1234_5678_9abc_def0u64;
     let sizes: Vec<usize> = (0..10_000)
-        .map(|_| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            256 + (rng % (1 << 20)) as usize
-        })
+        .map(|_| 256 + (xorshift(&mut rng) % (1 << 20)) as usize)
         .collect();
     let big = Pool::with_backend(
         HostBackend::new(64 << 10, 64 << 30).without_contents(),
