@@ -51,6 +51,44 @@ typedef struct cuheap_stats {
     unsigned long long bad_frees;      /* double, interior and foreign frees */
 } cuheap_stats_t;
 
+/* The counts cuheap_get_counts and cuheap_device_heap_get_counts fill, read
+ * from the heap's counters (no scan of its pages). Exact once the kernels
+ * that allocate have finished; while they run, each is a recent value. */
+typedef struct cuheap_counts {
+    unsigned long long allocs;              /* blocks and spans handed out, ever */
+    unsigned long long frees;               /* blocks and spans freed, ever */
+    unsigned long long spans_allocated;     /* allocations over 64 KiB, ever */
+    unsigned long long spans_freed;
+    unsigned long long span_bytes;          /* bytes of the spans in use */
+    unsigned long long bytes_reserved;      /* bytes of pages the heap holds */
+    unsigned long long peak_bytes_reserved; /* the most it has held */
+    unsigned long long failed_allocs;       /* allocations that returned NULL, */
+    unsigned long long zero_size;           /*   by cause: size 0, */
+    unsigned long long too_large;           /*   larger than the heap, */
+    unsigned long long bad_alignment;       /*   a bad alignment, */
+    unsigned long long out_of_memory;       /*   out of memory, */
+    unsigned long long failed_bytes;        /*   whose bytes these are */
+    unsigned long long bad_frees;           /* double, interior and foreign frees */
+    unsigned long long pages_activated;     /* pages given to a size class */
+    unsigned long long pages_retired;       /* and given back */
+    unsigned long long grow_requests;       /* growth asked for by running kernels */
+    unsigned long long grow_refusals;       /* asks the host could not serve */
+    unsigned long long grow_timeouts;       /* waits for growth that timed out */
+    unsigned long long grow_waits;          /* waits for growth */
+} cuheap_counts_t;
+
+/* A heap's handle, for the cuheap_heap_* device functions: a program may
+ * keep several heaps (say one per data structure) and pass their handles
+ * to kernels by value. Filled by cuheap_heap_init on the device or
+ * cuheap_device_heap_handle on the host; treat the fields as opaque. A
+ * zeroed handle is no heap. */
+typedef struct cuheap_heap {
+    unsigned long long meta;
+    unsigned long long data;
+    unsigned page_count;
+    unsigned slots;
+} cuheap_heap_t;
+
 #ifdef __CUDACC__
 /* Bytes of zeroed metadata a heap of data_bytes (whole 64 KiB pages) with
  * `slots` current-page slots (usually the SM count) needs; 0 if none fits. */
@@ -101,6 +139,28 @@ __device__ void cuheap_free(void* ptr);
  * descriptor: call it from a one-thread kernel between the kernels that
  * allocate. CUHEAP_OK, or CUHEAP_ERROR_INVALID with no heap or out NULL. */
 __device__ int cuheap_get_stats(cuheap_stats_t* out);
+
+/* Fills *out with the heap's counts: a few loads per SM, no page scan; any
+ * thread, at any time. CUHEAP_OK, or CUHEAP_ERROR_INVALID with no heap or
+ * out NULL. */
+__device__ int cuheap_get_counts(cuheap_counts_t* out);
+
+/* --- Heaps by handle: the same functions on the heap *heap names. A
+ * NULL or zeroed handle: NULL allocations, frees ignored, statistics
+ * CUHEAP_ERROR_INVALID. A block freed on another heap than its own is a
+ * foreign pointer there (refused, counted in bad_frees). --- */
+
+/* Fills *out with the handle of a heap over memory the program owns, with
+ * cuheap_init's checks, without making it cuheap_malloc's heap. Any
+ * thread; it writes nothing but *out. CUHEAP_OK or CUHEAP_ERROR_INVALID. */
+__device__ int cuheap_heap_init(cuheap_heap_t* out, void* meta, unsigned long long meta_bytes,
+                                void* data, unsigned long long data_bytes, unsigned slots);
+__device__ void* cuheap_heap_malloc(const cuheap_heap_t* heap, size_t size);
+__device__ void* cuheap_heap_aligned_alloc(const cuheap_heap_t* heap, size_t alignment, size_t size);
+__device__ void* cuheap_heap_realloc(const cuheap_heap_t* heap, void* ptr, size_t size);
+__device__ void cuheap_heap_free(const cuheap_heap_t* heap, void* ptr);
+__device__ int cuheap_heap_get_stats(const cuheap_heap_t* heap, cuheap_stats_t* out);
+__device__ int cuheap_heap_get_counts(const cuheap_heap_t* heap, cuheap_counts_t* out);
 #endif /* __CUDACC__ */
 
 /* ------------------------------------------------------------------ */
@@ -265,6 +325,12 @@ int cuheap_device_heap_desc(const cuheap_device_heap_t* heap, cuheap_heap_desc_t
 /* Statistics (a synchronous copy): call it between the kernels that
  * allocate. */
 int cuheap_device_heap_get_stats(const cuheap_device_heap_t* heap, cuheap_stats_t* out);
+/* Counts (a synchronous copy of the heap's counters, a few KiB: no page
+ * table). Exact between the kernels that allocate. */
+int cuheap_device_heap_get_counts(const cuheap_device_heap_t* heap, cuheap_counts_t* out);
+/* The heap's handle for kernels that call cuheap_heap_malloc and the
+ * other cuheap_heap_* functions: no install needed. */
+int cuheap_device_heap_handle(const cuheap_device_heap_t* heap, cuheap_heap_t* out);
 /* Bytes of block memory usable now. */
 int cuheap_device_heap_capacity(const cuheap_device_heap_t* heap, size_t* out);
 /* Maps memory until bytes are usable (every block keeps its address);
@@ -303,6 +369,8 @@ typedef char cuheap_check_pool_stats_[sizeof(cuheap_pool_stats_t) == 80 ? 1 : -1
 typedef char cuheap_check_stats_[sizeof(cuheap_stats_t) == 48 ? 1 : -1];
 typedef char cuheap_check_pool_config_[sizeof(cuheap_pool_config_t) == 48 ? 1 : -1];
 typedef char cuheap_check_heap_desc_[sizeof(cuheap_heap_desc_t) == 40 ? 1 : -1];
+typedef char cuheap_check_counts_[sizeof(cuheap_counts_t) == 160 ? 1 : -1];
+typedef char cuheap_check_heap_[sizeof(cuheap_heap_t) == 24 ? 1 : -1];
 
 #if defined(__CUDACC__) && defined(__CUDACC_RDC__)
 /* Installs a heap made by cuheap_device_heap_create as the heap of this

@@ -9,8 +9,8 @@ pub use cudarc;
 pub use cuheap_core as core;
 pub use cuheap_host as host;
 pub use cuheap_host::{
-    DeviceHeap, DevicePtr, Error, Gpu, GrowthService, GrowthStats, Kernel, LaunchConfig, Pool,
-    PoolConfig, Reservation, ReservationStats, Result, Stats,
+    Counts, DeviceHeap, DevicePtr, Error, Gpu, GrowthService, GrowthStats, Kernel, LaunchConfig,
+    Pool, PoolConfig, Reservation, ReservationStats, Result, Stats,
 };
 
 /// The PTX a program links: the heap and its C ABI (`cuheap_malloc`,
@@ -239,7 +239,15 @@ mod tests {
             [
                 "cuheap_aligned_alloc",
                 "cuheap_free",
+                "cuheap_get_counts",
                 "cuheap_get_stats",
+                "cuheap_heap_aligned_alloc",
+                "cuheap_heap_free",
+                "cuheap_heap_get_counts",
+                "cuheap_heap_get_stats",
+                "cuheap_heap_init",
+                "cuheap_heap_malloc",
+                "cuheap_heap_realloc",
                 "cuheap_init",
                 "cuheap_malloc",
                 "cuheap_meta_bytes",

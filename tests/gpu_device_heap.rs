@@ -13,6 +13,8 @@ fn heap(gpu: &Gpu, bytes: usize) -> DeviceHeap {
     DeviceHeap::new(gpu, bytes).unwrap()
 }
 
+/// Nothing in use, by the page scan and by the counters alike (which
+/// agree on the footprint too).
 fn assert_empty(h: &DeviceHeap) {
     let s = h.stats().unwrap();
     assert!(
@@ -21,6 +23,11 @@ fn assert_empty(h: &DeviceHeap) {
         s.blocks(),
         s.spans
     );
+    let k = h.counts().unwrap();
+    assert_eq!(k.in_use(), 0, "counts: {k:?}");
+    assert_eq!((k.spans_in_use(), k.span_bytes), (0, 0), "counts: {k:?}");
+    assert_eq!(k.bytes_reserved, s.bytes_reserved, "counts: {k:?}");
+    assert!(k.peak_bytes_reserved >= k.bytes_reserved);
 }
 
 #[test]
@@ -49,6 +56,9 @@ fn every_class_alloc_fill_check_free_and_pair() {
         );
         let s = h.stats().unwrap();
         assert_eq!(s.blocks(), n as u64, "size {sz}: blocks in use");
+        let k = h.counts().unwrap();
+        assert_eq!(k.in_use(), n as u64, "size {sz}: counts {k:?}");
+        assert_eq!(k.zero_size, 0, "size {sz}: counts {k:?}");
         free(&gpu, &h, &b, n);
         assert_empty(&h);
         pair(&gpu, &h, &b, n, sz);
@@ -77,6 +87,12 @@ fn spans_up_to_16_mib() {
         fill_check(&gpu, &b, n, sz);
         assert_eq!(b.take_errors(), [0, 0], "spans of {sz} B");
         assert_eq!(h.stats().unwrap().spans, n as u64);
+        let k = h.counts().unwrap();
+        assert_eq!(k.spans_in_use(), n as u64, "counts {k:?}");
+        assert_eq!(
+            k.span_bytes,
+            h.stats().unwrap().span_pages * PAGE_SIZE as u64
+        );
         free(&gpu, &h, &b, n);
         assert_empty(&h);
     }
@@ -101,6 +117,12 @@ fn exhaustion_returns_null_and_recovers() {
     );
     let s = h.stats().unwrap();
     assert_eq!(s.failed_allocs, (n - got) as u64);
+    let k = h.counts().unwrap();
+    assert_eq!(
+        (k.out_of_memory, k.failed_bytes, k.in_use()),
+        ((n - got) as u64, 256 * (n - got) as u64, got as u64),
+        "counts {k:?}"
+    );
     println!(
         "exhaustion: {got} of {n} allocations served from 4 MiB, {} nulls counted",
         s.failed_allocs

@@ -7,7 +7,7 @@
 //! host).
 
 use crate::{current_context, entry, invalid, put};
-use cuheap_core::PAGE_SIZE;
+use cuheap_core::{Counts, HeapHandle, PAGE_SIZE};
 use cuheap_host::{DeviceHeap, Gpu, LoadOptions, Result};
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -144,6 +144,49 @@ pub unsafe extern "C" fn cuheap_device_heap_get_stats(
         let s = unsafe { heap_ref(heap) }?.heap.stats()?;
         // SAFETY: NULL or writable.
         unsafe { put(out, CuheapStats::from(&s), "out") }
+    })
+}
+
+/// Reads the heap's counts (a copy of its counters, not of its page
+/// table: see `DeviceHeap::counts`): `int
+/// cuheap_device_heap_get_counts(const cuheap_device_heap_t*,
+/// cuheap_counts_t* out)`. Exact between the kernels that allocate;
+/// while they run, each count is a recent value.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `out` is NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_get_counts(
+    heap: *const CuheapDeviceHeap,
+    out: *mut Counts,
+) -> c_int {
+    entry("cuheap_device_heap_get_counts", || {
+        // SAFETY: the caller's contract.
+        let k = unsafe { heap_ref(heap) }?.heap.counts()?;
+        // SAFETY: NULL or writable.
+        unsafe { put(out, k, "out") }
+    })
+}
+
+/// The heap's handle for the device's `cuheap_heap_*` functions: `int
+/// cuheap_device_heap_handle(const cuheap_device_heap_t*, cuheap_heap_t*
+/// out)`. A kernel takes it as an argument, so a program can keep several
+/// heaps without installing any.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `out` is NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_handle(
+    heap: *const CuheapDeviceHeap,
+    out: *mut HeapHandle,
+) -> c_int {
+    entry("cuheap_device_heap_handle", || {
+        // SAFETY: the caller's contract.
+        let h = unsafe { heap_ref(heap) }?.heap.handle();
+        // SAFETY: NULL or writable.
+        unsafe { put(out, h, "out") }
     })
 }
 

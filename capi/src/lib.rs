@@ -139,6 +139,8 @@ const _: () = assert!(std::mem::size_of::<pool::CuheapPoolStats>() == 80);
 const _: () = assert!(std::mem::size_of::<heap::CuheapStats>() == 48);
 const _: () = assert!(std::mem::size_of::<pool::CuheapPoolConfig>() == 48);
 const _: () = assert!(std::mem::size_of::<heap::CuheapHeapDesc>() == 40);
+const _: () = assert!(std::mem::size_of::<cuheap_core::Counts>() == 160);
+const _: () = assert!(std::mem::size_of::<cuheap_core::HeapHandle>() == 24);
 
 /// The primary context of device `ordinal` (the CUDA runtime's context
 /// for it), current on this thread until the entry point returns.

@@ -6,7 +6,7 @@
 use crate::page::PageDesc;
 use crate::page_map::PageMap;
 use crate::size_class::{BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
-use crate::stats::Counters;
+use crate::stats::{Counters, Tallies};
 
 const ALIGN: usize = 128;
 
@@ -20,6 +20,9 @@ pub struct Layout {
     pub page_count: u32,
     pub slots: u32,
     pub counters: usize,
+    /// [`Tallies::words`] words: the slots' counts of blocks allocated and
+    /// freed, right after the counters ([`Layout::TALLIES`]).
+    pub tallies: usize,
     /// `slots * CLASS_COUNT` list heads (`u64`): partly free pages, per slot.
     pub lists: usize,
     /// `slots * CLASS_COUNT` current pages (`u32`, page + 1).
@@ -36,10 +39,15 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Where the tallies start: a constant, so a heap's view finds them
+    /// from its counters' address.
+    pub const TALLIES: usize = up(core::mem::size_of::<Counters>());
+
     /// The layout for `page_count` pages and `slots` slots (both >= 1).
     pub const fn new(page_count: u32, slots: u32) -> Layout {
         let counters = 0;
-        let lists = up(counters + core::mem::size_of::<Counters>());
+        let tallies = Self::TALLIES;
+        let lists = up(tallies + Tallies::words(slots) * 8);
         let cache = up(lists + slots as usize * CLASS_COUNT * 8);
         let descs = up(cache + slots as usize * CLASS_COUNT * 4);
         let page_map = up(descs + page_count as usize * core::mem::size_of::<PageDesc>());
@@ -50,6 +58,7 @@ impl Layout {
             page_count,
             slots,
             counters,
+            tallies,
             lists,
             cache,
             descs,

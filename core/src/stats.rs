@@ -1,10 +1,16 @@
-//! Statistics. The hot paths update nothing shared: in-use figures are
-//! read off the page descriptors (a scan), and only rare events (failures,
-//! bad frees, page turnover) are counted in [`Counters`].
+//! Statistics, two ways:
+//!
+//! - [`Counts`], from counters alone: allocations and frees ever (each
+//!   slot counts its own on lines of its own, [`Tallies`], one relaxed
+//!   add per warp and call), failures by cause, spans, and the
+//!   bytes of pages taken now and at the peak (counted where pages change
+//!   hands, which is rare). Reading them copies a few kilobytes;
+//! - [`Stats`], from a scan of every page's descriptor: bytes and blocks
+//!   in use per class, pages per class, free pages.
 
 use crate::page::{decode, decode_kind, Kind, PageDesc};
 use crate::size_class::{blocks_per_page, class_size, page_units, CLASS_COUNT, PAGE_SIZE};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{add_relaxed, AtomicU64, Ordering};
 
 /// Event counters kept in the heap's metadata.
 #[repr(C)]
@@ -56,6 +62,23 @@ pub struct Counters {
     /// bits, set by the heap's owner (0, the default: first fit from each
     /// slot's own part of the heap, what thousands of GPU threads need).
     pub placement: AtomicU64,
+    /// Failed allocations by cause (their sum is `failed_allocs`): size 0,
+    /// larger than the whole heap, a bad alignment, out of memory.
+    pub zero_size: AtomicU64,
+    pub too_large: AtomicU64,
+    pub bad_alignment: AtomicU64,
+    pub out_of_memory: AtomicU64,
+    /// 64 KiB units taken from the page map now (class pages and spans)
+    /// and at most so far: the footprint and its peak.
+    pub units_taken: AtomicU64,
+    pub units_peak: AtomicU64,
+    /// Pages of the spans in use.
+    pub span_pages: AtomicU64,
+    /// Frees of class blocks that were already free (double frees, also
+    /// in `bad_frees`): the slots' tallies count every free of a class
+    /// block's address as it is made, before the bitmap says whether the
+    /// block was live, so a warp counts with no wait.
+    pub double_frees: AtomicU64,
 }
 
 impl Counters {
@@ -79,12 +102,196 @@ impl Counters {
             grow_timeouts: AtomicU64::new(0),
             grow_waits: AtomicU64::new(0),
             placement: AtomicU64::new(0),
+            zero_size: AtomicU64::new(0),
+            too_large: AtomicU64::new(0),
+            bad_alignment: AtomicU64::new(0),
+            out_of_memory: AtomicU64::new(0),
+            units_taken: AtomicU64::new(0),
+            units_peak: AtomicU64::new(0),
+            span_pages: AtomicU64::new(0),
+            double_frees: AtomicU64::new(0),
         }
     }
 
     #[inline(always)]
     pub fn bump(c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Ordering::Relaxed);
+        add_relaxed(c, n);
+    }
+
+    /// Counts `units` units taken from the page map, and the peak. Called
+    /// before the page is published, so a release of it, in any thread,
+    /// is counted after.
+    ///
+    /// Out of line, as the other rare counts: inlined, they grow the
+    /// out-of-line allocation paths, and with them the registers that
+    /// GPU allocation kernels spill around their calls.
+    #[inline(never)]
+    pub fn take_units(&self, units: u64) {
+        let now = self.units_taken.fetch_add(units, Ordering::Relaxed) + units;
+        if now > self.units_peak.load(Ordering::Relaxed) {
+            self.units_peak.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `units` units given back to the page map.
+    #[inline(never)]
+    pub fn give_units(&self, units: u64) {
+        self.units_taken.fetch_sub(units, Ordering::Relaxed);
+    }
+}
+
+/// Bytes of one slot's tally line.
+pub const TALLY_LINE: usize = 128;
+
+/// The slots' counts of class blocks allocated and freed. Each slot has
+/// [`Tallies::WAYS`] counters of each, each alone on its 128-byte line,
+/// so the slots (a GPU's SMs) never share a line, and the warps of one
+/// SM spread over several (adds to one address queue one behind the
+/// other). They sit right after the [`Counters`] in the metadata (see
+/// [`Layout`](crate::Layout)).
+#[derive(Clone, Copy)]
+pub struct Tallies<'a> {
+    lines: &'a [AtomicU64],
+}
+
+/// `u64` words per tally line.
+const TALLY_WORDS: usize = TALLY_LINE / 8;
+
+/// Allocations, frees: the two kinds of tally.
+const ALLOCATED: usize = 0;
+const FREED: usize = 1;
+
+impl<'a> Tallies<'a> {
+    /// Counters of each kind per slot (a power of two).
+    pub const WAYS: u32 = 8;
+
+    /// Words of the tallies of `slots` slots.
+    pub const fn words(slots: u32) -> usize {
+        slots as usize * 2 * Self::WAYS as usize * TALLY_WORDS
+    }
+
+    /// The tallies over `words` ([`Tallies::words`] long).
+    pub fn new(words: &'a [AtomicU64]) -> Tallies<'a> {
+        Tallies { lines: words }
+    }
+
+    #[inline(always)]
+    fn at(&self, slot: u32, kind: usize, way: u32) -> &'a AtomicU64 {
+        let line =
+            (slot as usize * 2 + kind) * Self::WAYS as usize + (way & (Self::WAYS - 1)) as usize;
+        &self.lines[line * TALLY_WORDS]
+    }
+
+    /// Counts `n` class blocks allocated by slot `slot` (< the slots), on
+    /// its counter `way` (any value; a GPU passes the warp's id).
+    #[inline(always)]
+    pub fn allocated(&self, slot: u32, way: u32, n: u32) {
+        add_relaxed(self.at(slot, ALLOCATED, way), n as u64);
+    }
+
+    /// Counts `n` frees of class blocks by slot `slot`, as
+    /// [`Tallies::allocated`] (double frees included: see
+    /// [`Counters::double_frees`]).
+    #[inline(always)]
+    pub fn freed(&self, slot: u32, way: u32, n: u32) {
+        add_relaxed(self.at(slot, FREED, way), n as u64);
+    }
+
+    /// Sums of every slot's allocations and frees.
+    pub fn sums(&self) -> (u64, u64) {
+        let per_slot = 2 * Self::WAYS as usize * TALLY_WORDS;
+        let slots = (self.lines.len() / per_slot) as u32;
+        let sum = |kind| {
+            (0..slots)
+                .flat_map(|s| (0..Self::WAYS).map(move |w| (s, w)))
+                .map(|(s, w)| self.at(s, kind, w).load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        (sum(ALLOCATED), sum(FREED))
+    }
+}
+
+/// A heap's counts, read from its counters without a scan of the page
+/// table (see [`Heap::counts`](crate::Heap::counts)). `#[repr(C)]`: the
+/// C API's `cuheap_counts_t`. Counts that several threads change are
+/// exact once they are done (between kernels); read while kernels run,
+/// each is a recent value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Blocks and spans handed out, ever (a realloc that moves a block
+    /// counts as an allocation and a free; one that stays counts nothing).
+    pub allocs: u64,
+    /// Blocks and spans freed, ever.
+    pub frees: u64,
+    /// Spans (allocations over the largest class) handed out and freed,
+    /// ever, and the bytes of those in use.
+    pub spans_allocated: u64,
+    pub spans_freed: u64,
+    pub span_bytes: u64,
+    /// Bytes of the pages the heap has taken (class pages and spans), now
+    /// and at most so far.
+    pub bytes_reserved: u64,
+    pub peak_bytes_reserved: u64,
+    /// Allocations that returned null, and by cause: size 0, larger than
+    /// the whole heap, a bad alignment, out of memory (whose bytes are
+    /// `failed_bytes`).
+    pub failed_allocs: u64,
+    pub zero_size: u64,
+    pub too_large: u64,
+    pub bad_alignment: u64,
+    pub out_of_memory: u64,
+    pub failed_bytes: u64,
+    /// Frees (and reallocs) of pointers that were not live blocks.
+    pub bad_frees: u64,
+    pub pages_activated: u64,
+    pub pages_retired: u64,
+    /// Growth while kernels run: requests sent to the host, requests it
+    /// could not serve, waits that timed out, and waits.
+    pub grow_requests: u64,
+    pub grow_refusals: u64,
+    pub grow_timeouts: u64,
+    pub grow_waits: u64,
+}
+
+impl Counts {
+    /// The counts of `counters` and the slots' `tallies`.
+    pub fn collect(counters: &Counters, tallies: Tallies<'_>) -> Counts {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (blocks_allocated, blocks_freed) = tallies.sums();
+        let c = counters;
+        Counts {
+            allocs: blocks_allocated + get(&c.spans_allocated),
+            frees: (blocks_freed + get(&c.spans_freed)).saturating_sub(get(&c.double_frees)),
+            spans_allocated: get(&c.spans_allocated),
+            spans_freed: get(&c.spans_freed),
+            span_bytes: get(&c.span_pages) * PAGE_SIZE as u64,
+            bytes_reserved: get(&c.units_taken) * PAGE_SIZE as u64,
+            peak_bytes_reserved: get(&c.units_peak) * PAGE_SIZE as u64,
+            failed_allocs: get(&c.failed_allocs),
+            zero_size: get(&c.zero_size),
+            too_large: get(&c.too_large),
+            bad_alignment: get(&c.bad_alignment),
+            out_of_memory: get(&c.out_of_memory),
+            failed_bytes: get(&c.failed_bytes),
+            bad_frees: get(&c.bad_frees),
+            pages_activated: get(&c.pages_activated),
+            pages_retired: get(&c.pages_retired),
+            grow_requests: get(&c.grow_requests),
+            grow_refusals: get(&c.grow_refusals),
+            grow_timeouts: get(&c.grow_timeouts),
+            grow_waits: get(&c.grow_waits),
+        }
+    }
+
+    /// Blocks and spans handed out and not freed.
+    pub fn in_use(&self) -> u64 {
+        self.allocs.saturating_sub(self.frees)
+    }
+
+    /// Spans handed out and not freed.
+    pub fn spans_in_use(&self) -> u64 {
+        self.spans_allocated.saturating_sub(self.spans_freed)
     }
 }
 
@@ -167,6 +374,7 @@ impl Stats {
     /// Reads the statistics off descriptors and counters (a copy is fine:
     /// the host reads a device heap's metadata this way).
     pub fn collect(descs: &[PageDesc], counters: &Counters) -> Stats {
+        let k = Counts::collect(counters, Tallies::new(&[]));
         let mut s = Stats {
             blocks_in_use: [0; CLASS_COUNT],
             class_pages: [0; CLASS_COUNT],
@@ -178,15 +386,15 @@ impl Stats {
             span_pages: 0,
             free_pages: 0,
             page_count: descs.len() as u64,
-            failed_allocs: counters.failed_allocs.load(Ordering::Relaxed),
-            failed_bytes: counters.failed_bytes.load(Ordering::Relaxed),
-            bad_frees: counters.bad_frees.load(Ordering::Relaxed),
-            pages_activated: counters.pages_activated.load(Ordering::Relaxed),
-            pages_retired: counters.pages_retired.load(Ordering::Relaxed),
-            grow_requests: counters.grow_requests.load(Ordering::Relaxed),
-            grow_refusals: counters.grow_refusals.load(Ordering::Relaxed),
-            grow_timeouts: counters.grow_timeouts.load(Ordering::Relaxed),
-            grow_waits: counters.grow_waits.load(Ordering::Relaxed),
+            failed_allocs: k.failed_allocs,
+            failed_bytes: k.failed_bytes,
+            bad_frees: k.bad_frees,
+            pages_activated: k.pages_activated,
+            pages_retired: k.pages_retired,
+            grow_requests: k.grow_requests,
+            grow_refusals: k.grow_refusals,
+            grow_timeouts: k.grow_timeouts,
+            grow_waits: k.grow_waits,
         };
         for d in descs {
             match decode_kind(d.kind.load(Ordering::Relaxed)) {

@@ -22,6 +22,17 @@ pub use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(all(not(loom), target_arch = "nvptx64", not(cuheap_sys_atomics)))]
 pub use gpu::{AtomicU32, AtomicU64, Ordering};
 
+/// Adds `v` to a counter whose old value nobody needs (relaxed): on the
+/// GPU a `red` (the warp does not wait for the answer), elsewhere a
+/// `fetch_add`.
+#[inline(always)]
+pub fn add_relaxed(c: &AtomicU64, v: u64) {
+    #[cfg(all(not(loom), target_arch = "nvptx64", not(cuheap_sys_atomics)))]
+    c.reduce_add(v);
+    #[cfg(not(all(not(loom), target_arch = "nvptx64", not(cuheap_sys_atomics))))]
+    c.fetch_add(v, Ordering::Relaxed);
+}
+
 /// Spin-loop hint for retry loops (a no-op on the GPU; yields under loom).
 #[inline(always)]
 pub fn spin_hint() {
@@ -103,6 +114,14 @@ pub mod gpu {
                 #[inline(always)]
                 pub fn fetch_add(&self, v: $t, o: Ordering) -> $t {
                     rmw!(o, "add", $u, $reg, self.0.get(), v)
+                }
+
+                /// A relaxed add whose old value is not returned (`red`).
+                #[inline(always)]
+                pub fn reduce_add(&self, v: $t) {
+                    let p = self.0.get();
+                    // SAFETY: `p` is this cell; `red` only adds to it.
+                    unsafe { asm!(concat!("red.relaxed.gpu.add.", $u, " [{p}], {v};"), v = in($reg) v, p = in(reg64) p) }
                 }
 
                 #[inline(always)]

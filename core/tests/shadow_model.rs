@@ -118,6 +118,17 @@ fn holds(at: usize, len: usize, tag: u8) -> bool {
     bytes.iter().all(|&b| b == tag)
 }
 
+/// Where the heap counts a failure: size 0, too large, a bad alignment,
+/// out of memory.
+fn cause(e: AllocError) -> usize {
+    match e {
+        AllocError::ZeroSize => 0,
+        AllocError::TooLarge => 1,
+        AllocError::BadAlignment => 2,
+        AllocError::OutOfMemory | AllocError::Growing => 3,
+    }
+}
+
 fn run<W: Word>(pages: u32, actions: Vec<Action>) {
     run_placed::<W>(pages, 0, actions)
 }
@@ -131,6 +142,12 @@ fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
     let mut live: BTreeMap<usize, (usize, u8)> = BTreeMap::new();
     let mut freed_once: Option<usize> = None;
     let (mut failed, mut bad) = (0u64, 0u64);
+    // What the heap's counters must say: blocks handed out and freed,
+    // failures by cause (size 0, too large, bad alignment, out of
+    // memory), and the most bytes of pages it has held.
+    let (mut allocs, mut frees) = (0u64, 0u64);
+    let mut causes = [0u64; 4];
+    let mut peak = 0u64;
     let heap_bytes = pages as usize * PAGE_SIZE;
     for (step, a) in actions.into_iter().enumerate() {
         match a {
@@ -144,9 +161,11 @@ fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
                         // class page fits.
                         assert!(len == best(size, align) || len == span_pages(size) * PAGE_SIZE);
                         admit(&mut live, at, len, step as u8);
+                        allocs += 1;
                     }
                     Err(e) => {
                         failed += 1;
+                        causes[cause(e)] += 1;
                         match e {
                             AllocError::BadAlignment => {
                                 assert!(!align.is_power_of_two() || align > MAX_ALIGN)
@@ -181,6 +200,7 @@ fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
                             assert!(fits || span, "grew in place past its block");
                         } else {
                             assert!(heap.live_block_at(at).is_err(), "old block not freed");
+                            (allocs, frees) = (allocs + 1, frees + 1);
                             if !span && fits {
                                 assert!(2 * best(size, align) <= len, "moved a block that fits");
                             }
@@ -202,6 +222,7 @@ fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
                     }
                     Err(ReallocError::Alloc(e)) => {
                         failed += 1;
+                        causes[cause(e)] += 1;
                         match e {
                             AllocError::BadAlignment => assert!(!valid),
                             AllocError::ZeroSize => assert!(valid && size == 0),
@@ -265,9 +286,11 @@ fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
                     // SAFETY: a fresh allocation of at least `len` bytes.
                     unsafe { p.write_bytes(tag, len) };
                     live.insert(at, (len, tag));
+                    allocs += 1;
                 }
                 Err(e) => {
                     failed += 1;
+                    causes[cause(e)] += 1;
                     match e {
                         AllocError::ZeroSize => assert_eq!(size, 0),
                         AllocError::TooLarge => assert!(size > pages as usize * PAGE_SIZE),
@@ -288,6 +311,7 @@ fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
                 let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
                 assert!(bytes.iter().all(|&b| b == tag), "block contents changed");
                 heap.free(at as *mut u8, 0).unwrap();
+                frees += 1;
                 freed_once = Some(at);
             }
             Action::FreeInterior { pick } => {
@@ -330,6 +354,21 @@ fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
             s.bytes_in_use,
             live.values().map(|v| v.0 as u64).sum::<u64>()
         );
+        // The counters alone agree with the model and with the scan.
+        let k = heap.counts();
+        assert_eq!((k.allocs, k.frees), (allocs, frees), "step {step}");
+        assert_eq!(k.in_use(), live.len() as u64);
+        assert_eq!(k.failed_allocs, failed);
+        assert_eq!(
+            [k.zero_size, k.too_large, k.bad_alignment, k.out_of_memory],
+            causes
+        );
+        assert_eq!(k.bad_frees, bad);
+        assert_eq!(k.bytes_reserved, s.bytes_reserved, "step {step}");
+        assert_eq!(k.spans_in_use(), s.spans);
+        assert_eq!(k.span_bytes, s.span_pages * PAGE_SIZE as u64);
+        peak = peak.max(s.bytes_reserved);
+        assert!(k.peak_bytes_reserved >= peak);
     }
     for (&at, _) in live.iter() {
         heap.free(at as *mut u8, 0).unwrap();

@@ -5,6 +5,7 @@
 
 use cuheap_core::size_class::PAGE_SIZE;
 use cuheap_core::OwnedHeap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 
 fn xorshift(s: &mut u64) -> u64 {
@@ -17,10 +18,13 @@ fn xorshift(s: &mut u64) -> u64 {
 fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
     let owned = OwnedHeap::<u64>::new(pages, slots).unwrap();
     let barrier = Barrier::new(threads);
+    // Allocations served and refused, over all threads.
+    let (served, refused) = (AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|sc| {
         for t in 0..threads {
             let owned = &owned;
             let barrier = &barrier;
+            let (served, refused) = (&served, &refused);
             sc.spawn(move || {
                 let heap = owned.heap();
                 let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0x1234_5678);
@@ -32,11 +36,15 @@ fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
                     if live.len() < 64 && (r & 1 == 0 || live.is_empty()) {
                         let size = 1 + (r >> 8) as usize % max_size;
                         // Exhaustion is allowed (and counted); nothing else fails.
-                        if let Ok(p) = heap.alloc(size, t as u32) {
-                            let n = size.min(256);
-                            // SAFETY: p is a fresh block of at least `size` bytes.
-                            unsafe { p.write_bytes(id, n) };
-                            live.push((p, n));
+                        match heap.alloc(size, t as u32) {
+                            Ok(p) => {
+                                let n = size.min(256);
+                                // SAFETY: p is a fresh block of at least `size` bytes.
+                                unsafe { p.write_bytes(id, n) };
+                                live.push((p, n));
+                                served.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => _ = refused.fetch_add(1, Ordering::Relaxed),
                         }
                     } else {
                         let (p, n) = live.swap_remove((r >> 16) as usize % live.len());
@@ -60,6 +68,14 @@ fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
     let s = heap.stats();
     assert!(s.is_empty(), "blocks lost: {s:?}");
     assert_eq!(s.bad_frees, 0);
+    // The slots' tallies and the counters saw every call.
+    let k = heap.counts();
+    let served = served.load(Ordering::Relaxed);
+    assert_eq!((k.allocs, k.frees), (served, served), "{k:?}");
+    assert_eq!(k.failed_allocs, refused.load(Ordering::Relaxed));
+    assert_eq!(k.out_of_memory, k.failed_allocs);
+    assert_eq!((k.bytes_reserved, k.span_bytes), (s.bytes_reserved, 0));
+    assert!(k.peak_bytes_reserved <= pages as u64 * PAGE_SIZE as u64);
 }
 
 /// Aligned allocations and reallocs (in place, moved, spans grown and

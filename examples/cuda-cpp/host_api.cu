@@ -1,7 +1,8 @@
 // cuheap's host C API (libcuheap.so) from CUDA C++, beside the device
 // library: a device heap the host creates, grows, reads and trims, used by
-// cuheap_malloc in kernels; the host pool on cudaStream_t streams; bad
-// input; and what a call through the C API costs.
+// cuheap_malloc in kernels; two more heaps used by handle, with their
+// counts; the host pool on cudaStream_t streams; bad input; and what a
+// call through the C API costs.
 //
 //   nvcc -arch=sm_90 -rdc=true -I../../include host_api.cu -L. -lcuheap_device \
 //        -L../../target/release -lcuheap -o cuheap_host_api
@@ -42,6 +43,63 @@ __global__ void check_free(unsigned n, unsigned** ptrs, unsigned* errors) {
         if (ptrs[i][k] != i) { atomicAdd(&errors[1], 1u); break; }
     cuheap_free(ptrs[i]);
     ptrs[i] = nullptr;
+}
+// Two heaps by handle, one per data structure: 64 B blocks from a, 256 B
+// from b, tagged.
+__global__ void two_heaps_alloc(cuheap_heap_t a, cuheap_heap_t b, unsigned n, unsigned** pa, unsigned** pb,
+                                unsigned* errors) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned* x = static_cast<unsigned*>(cuheap_heap_malloc(&a, 64));
+    unsigned* y = static_cast<unsigned*>(cuheap_heap_malloc(&b, 256));
+    pa[i] = x; pb[i] = y;
+    if (x == nullptr || y == nullptr) { atomicAdd(&errors[0], 1u); return; }
+    x[0] = i; y[0] = ~i;
+}
+// Checks and frees them, each on its own heap; thread 0 first frees one of
+// b's blocks on a, where it is foreign (refused, counted in a's bad_frees).
+__global__ void two_heaps_free(cuheap_heap_t a, cuheap_heap_t b, unsigned n, unsigned** pa, unsigned** pb,
+                               unsigned* errors) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || pa[i] == nullptr || pb[i] == nullptr) return;
+    if (pa[i][0] != i || pb[i][0] != ~i) atomicAdd(&errors[1], 1u);
+    if (i == 0) cuheap_heap_free(&a, pb[0]);
+    cuheap_heap_free(&a, pa[i]);
+    cuheap_heap_free(&b, pb[i]);
+}
+// One thread: a's counts from the device, and bad input to the handle
+// functions (NULL handles, a zeroed handle, cuheap_heap_init's checks).
+__global__ void handle_checks(cuheap_heap_t a, cuheap_counts_t* counts, int* rc, unsigned* errors) {
+    rc[0] = cuheap_heap_get_counts(&a, counts);
+    cuheap_heap_t zero = {0, 0, 0, 0}, out;
+    if (cuheap_heap_malloc(nullptr, 64) != nullptr || cuheap_heap_malloc(&zero, 64) != nullptr) errors[2]++;
+    cuheap_heap_free(nullptr, (void*)64);
+    cuheap_stats_t st;
+    if (cuheap_heap_get_stats(&zero, &st) != CUHEAP_ERROR_INVALID ||
+        cuheap_heap_get_counts(nullptr, counts + 1) != CUHEAP_ERROR_INVALID)
+        errors[2]++;
+    // Misaligned data, too little metadata, no slot, NULL out.
+    if (cuheap_heap_init(&out, (void*)256, 1 << 20, (void*)65537, 1 << 20, 4) != CUHEAP_ERROR_INVALID ||
+        cuheap_heap_init(&out, (void*)256, 16, (void*)65536, 1 << 20, 4) != CUHEAP_ERROR_INVALID ||
+        cuheap_heap_init(&out, (void*)256, 1 << 20, (void*)65536, 1 << 20, 0) != CUHEAP_ERROR_INVALID ||
+        cuheap_heap_init(nullptr, (void*)256, 1 << 20, (void*)65536, 1 << 20, 4) != CUHEAP_ERROR_INVALID)
+        errors[2]++;
+}
+// A heap a kernel makes over memory the program owns, by handle only.
+__global__ void own_heap(void* meta, unsigned long long meta_bytes, void* data, unsigned long long data_bytes,
+                         unsigned* errors) {
+    cuheap_heap_t h;
+    if (cuheap_heap_init(&h, meta, meta_bytes, data, data_bytes, 4) != CUHEAP_OK) { errors[2]++; return; }
+    void* p[8];
+    for (int k = 0; k < 8; k++) {
+        p[k] = cuheap_heap_aligned_alloc(&h, 4096, 100 * (k + 1));
+        if (p[k] == nullptr || ((size_t)p[k] & 4095) != 0) errors[2]++;
+    }
+    p[0] = cuheap_heap_realloc(&h, p[0], 20000);
+    cuheap_counts_t c;
+    if (cuheap_heap_get_counts(&h, &c) != CUHEAP_OK || c.allocs != 9 || c.frees != 1) errors[2]++;
+    for (int k = 0; k < 8; k++) cuheap_heap_free(&h, p[k]);
+    if (cuheap_heap_get_counts(&h, &c) != CUHEAP_OK || c.allocs != c.frees || c.bad_frees != 0) errors[2]++;
 }
 // Pool blocks: fill with a tag on one stream, check it on another.
 __global__ void fill(unsigned* p, size_t words, unsigned tag) {
@@ -168,6 +226,71 @@ int main() {
     std::printf("device heap: 1M threads twice, statistics back to zero, trimmed from %zu to %zu MiB\n",
                 usable >> 20, mapped >> 20);
     EXPECT(mapped < usable, "trim gave nothing back");
+
+    // --- Two more heaps, used by handle (no install): one per data
+    // structure, each with its own counts.
+    cuheap_device_heap_t *ha, *hb;
+    CHECK(cuheap_device_heap_create(64ull << 20, 0, &ha));
+    CHECK(cuheap_device_heap_create(64ull << 20, 0, &hb));
+    cuheap_heap_t a, b2;
+    CHECK(cuheap_device_heap_handle(ha, &a));
+    CHECK(cuheap_device_heap_handle(hb, &b2));
+    EXPECT(cuheap_device_heap_handle(nullptr, &a) == CUHEAP_ERROR_INVALID, "handle of a NULL heap");
+    const unsigned m = 1u << 16;
+    unsigned** pb; CHECK_CUDA(cudaMalloc(&pb, m * sizeof(void*)));
+    CHECK_CUDA(cudaFree(errors));
+    CHECK_CUDA(cudaMalloc(&errors, 3 * sizeof(unsigned)));
+    CHECK_CUDA(cudaMemset(errors, 0, 3 * sizeof(unsigned)));
+    two_heaps_alloc<<<m / 256, 256>>>(a, b2, m, ptrs, pb, errors);
+    cuheap_counts_t ca, cb;
+    CHECK(cuheap_device_heap_get_counts(ha, &ca));
+    CHECK(cuheap_device_heap_get_counts(hb, &cb));
+    st = heap_stats(ha);
+    EXPECT(ca.allocs == m && ca.frees == 0 && cb.allocs == m && st.blocks_in_use == m &&
+           st.bytes_in_use == 64ull * m && ca.bytes_reserved == st.bytes_reserved &&
+           heap_stats(hb).bytes_in_use == 256ull * m,
+           "two heaps after the allocations: a %llu allocs, b %llu allocs, a %llu bytes in use", ca.allocs,
+           cb.allocs, st.bytes_in_use);
+    two_heaps_free<<<m / 256, 256>>>(a, b2, m, ptrs, pb, errors);
+    cuheap_counts_t* d_counts; int* d_rc; int h_rc = -1;
+    CHECK_CUDA(cudaMalloc(&d_counts, 2 * sizeof(cuheap_counts_t)));
+    CHECK_CUDA(cudaMalloc(&d_rc, sizeof(int)));
+    handle_checks<<<1, 1>>>(a, d_counts, d_rc, errors);
+    cuheap_counts_t dev_a;
+    CHECK_CUDA(cudaMemcpy(&dev_a, d_counts, sizeof dev_a, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(&h_rc, d_rc, sizeof h_rc, cudaMemcpyDeviceToHost));
+    CHECK(cuheap_device_heap_get_counts(ha, &ca));
+    CHECK(cuheap_device_heap_get_counts(hb, &cb));
+    unsigned h_err3[3];
+    CHECK_CUDA(cudaMemcpy(h_err3, errors, sizeof h_err3, cudaMemcpyDeviceToHost));
+    EXPECT(h_err3[0] == 0 && h_err3[1] == 0 && h_err3[2] == 0, "two heaps: %u NULLs, %u damaged, %u bad answers",
+           h_err3[0], h_err3[1], h_err3[2]);
+    EXPECT(ca.frees == m && ca.bad_frees == 1 && cb.frees == m && cb.bad_frees == 0 &&
+           ca.peak_bytes_reserved >= st.bytes_reserved,
+           "two heaps after the frees: a %llu frees %llu bad, b %llu frees %llu bad", ca.frees, ca.bad_frees,
+           cb.frees, cb.bad_frees);
+    EXPECT(h_rc == CUHEAP_OK && std::memcmp(&dev_a, &ca, sizeof ca) == 0,
+           "counts read on the device and on the host differ");
+    std::printf("two heaps by handle: %u blocks each, counts a %llu/%llu (1 foreign free refused), b %llu/%llu, "
+                "peak %llu KiB\n", m, ca.allocs, ca.frees, cb.allocs, cb.frees, ca.peak_bytes_reserved >> 10);
+    // A heap that a kernel makes from memory the program owns.
+    size_t own_data = 4u << 20;
+    void *own_meta_p, *own_data_p;
+    unsigned long long own_meta = 1u << 20;  // more than 4 MiB and 4 slots need
+    CHECK_CUDA(cudaMalloc(&own_meta_p, own_meta));
+    CHECK_CUDA(cudaMemset(own_meta_p, 0, own_meta));
+    CHECK_CUDA(cudaMalloc(&own_data_p, own_data + 65536));
+    void* aligned = (void*)(((size_t)own_data_p + 65535) & ~(size_t)65535);
+    own_heap<<<1, 1>>>(own_meta_p, own_meta, aligned, own_data, errors);
+    CHECK_CUDA(cudaMemcpy(h_err3, errors, sizeof h_err3, cudaMemcpyDeviceToHost));
+    EXPECT(h_err3[2] == 0, "a heap made in a kernel: %u bad answers", h_err3[2]);
+    CHECK_CUDA(cudaFree(own_meta_p));
+    CHECK_CUDA(cudaFree(own_data_p));
+    CHECK_CUDA(cudaFree(d_counts));
+    CHECK_CUDA(cudaFree(d_rc));
+    CHECK_CUDA(cudaFree(pb));
+    CHECK(cuheap_device_heap_destroy(ha));
+    CHECK(cuheap_device_heap_destroy(hb));
 
     // --- The pool on cudaStream_t: fill on one stream, check on another,
     // free there; blocks move between streams with no host wait.

@@ -44,7 +44,7 @@ pub mod vmm;
 pub use backend::{Backend, HostBackend, HostStream};
 pub use bytemuck;
 pub use cudarc;
-pub use cuheap_core::{HeapHandle, Stats};
+pub use cuheap_core::{Counts, HeapHandle, Stats};
 pub use device_heap::{DeviceHeap, Growth, HeapArg};
 pub use driver::{
     CudaBackend, DeviceInfo, DeviceMemory, DevicePtr, Function, Gpu, Kernel, KernelArgs,

@@ -5,6 +5,8 @@ extern "C" {
     fn nvvm_activemask() -> u32;
     #[link_name = "llvm.nvvm.match.any.sync.i32"]
     fn nvvm_match_any(mask: u32, v: i32) -> u32;
+    #[link_name = "llvm.nvvm.match.any.sync.i64"]
+    fn nvvm_match_any_64(mask: u32, v: i64) -> u32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
     fn nvvm_shfl_idx(mask: u32, v: i32, src: i32, clamp: i32) -> i32;
     #[link_name = "llvm.nvvm.redux.sync.or"]
@@ -13,6 +15,8 @@ extern "C" {
     fn nvvm_smid() -> u32;
     #[link_name = "llvm.nvvm.read.ptx.sreg.laneid"]
     fn nvvm_laneid() -> u32;
+    #[link_name = "llvm.nvvm.read.ptx.sreg.warpid"]
+    fn nvvm_warpid() -> u32;
     #[link_name = "llvm.nvvm.read.ptx.sreg.tid.x"]
     fn nvvm_tid_x() -> u32;
     #[link_name = "llvm.nvvm.read.ptx.sreg.ctaid.x"]
@@ -60,6 +64,17 @@ pub unsafe fn match_any(mask: u32, v: u32) -> u32 {
     unsafe { nvvm_match_any(mask, v as i32) }
 }
 
+/// [`match_any`] on a 64-bit value.
+///
+/// # Safety
+///
+/// As for [`match_any`].
+#[inline(always)]
+pub unsafe fn match_any_64(mask: u32, v: u64) -> u32 {
+    // SAFETY: forwarded from the caller.
+    unsafe { nvvm_match_any_64(mask, v as i64) }
+}
+
 /// `v` of lane `src`, for every lane of `mask` (`shfl.sync.idx`).
 ///
 /// # Safety
@@ -87,6 +102,14 @@ pub unsafe fn reduce_or(mask: u32, v: u32) -> u32 {
 pub fn smid() -> u32 {
     // SAFETY: reads a special register.
     unsafe { nvvm_smid() }
+}
+
+/// The warp's slot on its SM (`%warpid`: may change if the warp is
+/// preempted; a hint for spreading work, not an identity).
+#[inline(always)]
+pub fn warpid() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvvm_warpid() }
 }
 
 #[inline(always)]

@@ -17,7 +17,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[path = "../../src/bench/workload.rs"]
 pub mod workload;
 use cuheap_core::HeapHandle;
-pub use workload::thread_size;
+pub use workload::{churn_case, thread_size};
 
 extern "C" {
     /// CUDA's device heap (linked by the driver).
@@ -262,4 +262,74 @@ pub unsafe fn alloc_bump(
     }
     // SAFETY: tid < n entries.
     unsafe { ptrs.add(tid as usize).write(p) };
+}
+
+/// Words of a churn block checked at its free, at most (4 KiB).
+const CHURN_WORDS: usize = 1024;
+
+/// # Safety
+///
+/// The contract of its line in `signatures.rs`.
+#[inline(always)]
+pub unsafe fn churn_cuheap(
+    h: HeapHandle,
+    n: u32,
+    round: u32,
+    ptrs: *mut *mut u8,
+    errors: *mut u32,
+) {
+    let tid = global_thread();
+    if tid >= n {
+        return;
+    }
+    let last = round == u32::MAX;
+    let (swap, size) = churn_case(tid, round);
+    if !swap && !last {
+        return;
+    }
+    // SAFETY: tid < n entries.
+    let slot = unsafe { ptrs.add(tid as usize) };
+    // SAFETY: as above.
+    let old = unsafe { slot.read() };
+    if !old.is_null() {
+        let w = old as *const u32;
+        // SAFETY: a live block of this thread's, written below when it
+        // was allocated: word 0 the thread id, word 1 its size, the rest
+        // the thread id; its size bounds the words read (a damaged size is
+        // clamped to the largest block).
+        unsafe {
+            let words = (w.add(1).read() as usize / 4).min(CHURN_WORDS);
+            let mut bad = w.read() != tid;
+            for k in 2..words {
+                bad |= w.add(k).read() != tid;
+            }
+            if bad {
+                count(errors, 1);
+            }
+            dev_free(&h, old);
+        }
+    }
+    if last {
+        // SAFETY: as above.
+        unsafe { slot.write(core::ptr::null_mut()) };
+        return;
+    }
+    // SAFETY: the caller passes a live heap.
+    let p = unsafe { dev_alloc(&h, size) };
+    if p.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { count(errors, 0) };
+    } else {
+        let w = p as *mut u32;
+        // SAFETY: a fresh block of `size` (16..=4096) bytes.
+        unsafe {
+            w.write(tid);
+            w.add(1).write(size as u32);
+            for k in 2..size / 4 {
+                w.add(k).write(tid);
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { slot.write(p) };
 }

@@ -1,14 +1,119 @@
-//! The heap's C ABI for CUDA C/C++ (declared in `include/cuheap.h`):
-//! `cuheap_malloc`, `cuheap_aligned_alloc`, `cuheap_realloc` and
-//! `cuheap_free` on the module's heap (the global `cuheap_heap` of
-//! [`crate::module_heap`]), which the host writes (`DeviceHeap::install`)
-//! or a one-thread kernel sets over memory the program owns
-//! (`cuheap_meta_bytes`, `cuheap_init`); `cuheap_get_stats`.
+//! The heap's C ABI for CUDA C/C++ (declared in `include/cuheap.h`).
+//!
+//! - On the module's heap (the global `cuheap_heap` of
+//!   [`crate::module_heap`], which the host writes with
+//!   `DeviceHeap::install` or a one-thread kernel sets with `cuheap_init`
+//!   over memory the program owns): `cuheap_malloc`,
+//!   `cuheap_aligned_alloc`, `cuheap_realloc`, `cuheap_free`,
+//!   `cuheap_get_stats` and `cuheap_get_counts`.
+//! - On a heap the caller names (`cuheap_heap_t`, a [`HeapHandle`]: a
+//!   program may keep several, say one per data structure):
+//!   `cuheap_heap_init` fills one, and `cuheap_heap_malloc`,
+//!   `cuheap_heap_aligned_alloc`, `cuheap_heap_realloc`,
+//!   `cuheap_heap_free`, `cuheap_heap_get_stats` and
+//!   `cuheap_heap_get_counts` take it by pointer.
+//!
+//! A heap that is not set (zeroed) or a null handle pointer gives null
+//! allocations, ignored frees and `CUHEAP_ERROR_INVALID` statistics.
 
 use crate::device_heap::{dev_alloc, dev_alloc_aligned, dev_free, dev_realloc};
 use crate::module_heap::{cuheap_heap, module_heap};
 use cuheap_core::size_class::MIN_BLOCK;
-use cuheap_core::{CStats, Heap, HeapHandle, Layout, PAGE_SIZE};
+use cuheap_core::{CStats, Counts, Heap, HeapHandle, Layout, PAGE_SIZE};
+
+/// The heap behind a caller's handle pointer, `None` for a null pointer
+/// or a zeroed handle.
+///
+/// # Safety
+///
+/// `h` is null or points to a readable `HeapHandle`.
+#[inline(always)]
+unsafe fn named(h: *const HeapHandle) -> Option<HeapHandle> {
+    // SAFETY: the caller's contract.
+    let h = unsafe { h.as_ref() }?;
+    (h.page_count != 0).then_some(*h)
+}
+
+/// [`dev_alloc`] on `heap`, null with none.
+///
+/// # Safety
+///
+/// `heap` is `None` or describes a live heap; every lane that reaches
+/// this call makes it (it is inlined into each entry point).
+#[inline(always)]
+unsafe fn malloc_on(heap: Option<HeapHandle>, size: usize) -> *mut u8 {
+    match heap {
+        // SAFETY: the caller's contract.
+        Some(h) => unsafe { dev_alloc(&h, size) },
+        None => core::ptr::null_mut(),
+    }
+}
+
+/// [`dev_alloc_aligned`] on `heap`, null with none.
+///
+/// # Safety
+///
+/// As for [`malloc_on`].
+#[inline(always)]
+unsafe fn aligned_on(heap: Option<HeapHandle>, alignment: usize, size: usize) -> *mut u8 {
+    match heap {
+        // SAFETY: the caller's contract.
+        Some(h) => unsafe { dev_alloc_aligned(&h, size, alignment) },
+        None => core::ptr::null_mut(),
+    }
+}
+
+/// [`dev_realloc`] on `heap` at C's alignment, null with none.
+///
+/// # Safety
+///
+/// As for [`malloc_on`]; `ptr` as for [`cuheap_realloc`].
+#[inline(always)]
+unsafe fn realloc_on(heap: Option<HeapHandle>, ptr: *mut u8, size: usize) -> *mut u8 {
+    match heap {
+        // SAFETY: the caller's contract.
+        Some(h) => unsafe { dev_realloc(&h, ptr, usize::MAX, size, MIN_BLOCK) },
+        None => core::ptr::null_mut(),
+    }
+}
+
+/// [`dev_free`] on `heap`; nothing with none.
+///
+/// # Safety
+///
+/// As for [`malloc_on`].
+#[inline(always)]
+unsafe fn free_on(heap: Option<HeapHandle>, ptr: *mut u8) {
+    if let Some(h) = heap {
+        // SAFETY: the caller's contract.
+        unsafe { dev_free(&h, ptr) }
+    }
+}
+
+/// Writes `f(view of heap)` to `out`: [`CUHEAP_OK`], or
+/// [`CUHEAP_ERROR_INVALID`] with no heap or a null `out`.
+///
+/// # Safety
+///
+/// `heap` is `None` or describes a live heap; `out` is null or writable.
+#[inline(always)]
+unsafe fn report<T>(
+    heap: Option<HeapHandle>,
+    out: *mut T,
+    f: impl FnOnce(&Heap<'static, u32>) -> T,
+) -> i32 {
+    let Some(h) = heap else {
+        return CUHEAP_ERROR_INVALID;
+    };
+    if out.is_null() {
+        return CUHEAP_ERROR_INVALID;
+    }
+    // SAFETY: a nonzero handle describes a live heap.
+    let v = f(&unsafe { Heap::<u32>::from_handle(&h) });
+    // SAFETY: `out` is writable.
+    unsafe { out.write(v) };
+    CUHEAP_OK
+}
 
 /// `void* cuheap_malloc(size_t)`: [`dev_alloc`] on the module's heap;
 /// null if the host set no heap.
@@ -18,12 +123,9 @@ use cuheap_core::{CStats, Heap, HeapHandle, Layout, PAGE_SIZE};
 /// The host set `cuheap_heap` to a live heap, or left it zeroed.
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_malloc(size: usize) -> *mut u8 {
-    // SAFETY: the module global is written only by the host between launches.
-    match unsafe { module_heap() } {
-        // SAFETY: a nonzero handle was set by the host to a live heap.
-        Some(h) => unsafe { dev_alloc(&h, size) },
-        None => core::ptr::null_mut(),
-    }
+    // SAFETY: the module global is written only between launches, and a
+    // nonzero handle describes a live heap.
+    unsafe { malloc_on(module_heap(), size) }
 }
 
 /// `void cuheap_free(void*)`: [`dev_free`] on the module's heap.
@@ -34,10 +136,7 @@ pub unsafe extern "C" fn cuheap_malloc(size: usize) -> *mut u8 {
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_free(ptr: *mut u8) {
     // SAFETY: as in `cuheap_malloc`.
-    if let Some(h) = unsafe { module_heap() } {
-        // SAFETY: as in `cuheap_malloc`.
-        unsafe { dev_free(&h, ptr) }
-    }
+    unsafe { free_on(module_heap(), ptr) }
 }
 
 /// `void* cuheap_realloc(void* ptr, size_t size)`: [`dev_realloc`] on the
@@ -58,12 +157,8 @@ pub unsafe extern "C" fn cuheap_free(ptr: *mut u8) {
 /// address that is not a live block's start (refused).
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_realloc(ptr: *mut u8, size: usize) -> *mut u8 {
-    // SAFETY: as in `cuheap_malloc`.
-    match unsafe { module_heap() } {
-        // SAFETY: as in `cuheap_malloc`; `ptr` as the caller guarantees.
-        Some(h) => unsafe { dev_realloc(&h, ptr, usize::MAX, size, MIN_BLOCK) },
-        None => core::ptr::null_mut(),
-    }
+    // SAFETY: as in `cuheap_malloc`; `ptr` as the caller guarantees.
+    unsafe { realloc_on(module_heap(), ptr, size) }
 }
 
 /// Bytes of zeroed metadata that a heap of `data_bytes` of block memory
@@ -112,28 +207,37 @@ pub unsafe extern "C" fn cuheap_init(
     data_bytes: u64,
     slots: u32,
 ) -> i32 {
-    let Some(pages) = pages_of(data_bytes, slots) else {
+    let Some(handle) = handle_of(meta, meta_bytes, data, data_bytes, slots) else {
         return CUHEAP_ERROR_INVALID;
-    };
-    let need = Layout::new(pages, slots).meta_bytes as u64;
-    if meta.is_null()
-        || data.is_null()
-        || !(meta as usize).is_multiple_of(16)
-        || !(data as usize).is_multiple_of(PAGE_SIZE)
-        || meta_bytes < need
-    {
-        return CUHEAP_ERROR_INVALID;
-    }
-    let handle = HeapHandle {
-        meta: meta as u64,
-        data: data as u64,
-        page_count: pages,
-        slots,
     };
     // SAFETY: the caller's contract: no kernel uses the global meanwhile;
     // later launches read it.
     unsafe { core::ptr::addr_of_mut!(cuheap_heap).write_volatile(handle) };
     CUHEAP_OK
+}
+
+/// The handle of a heap over `meta` and `data`, if they pass
+/// [`cuheap_init`]'s checks.
+fn handle_of(
+    meta: *mut u8,
+    meta_bytes: u64,
+    data: *mut u8,
+    data_bytes: u64,
+    slots: u32,
+) -> Option<HeapHandle> {
+    let pages = pages_of(data_bytes, slots)?;
+    let need = Layout::new(pages, slots).meta_bytes as u64;
+    let ok = !meta.is_null()
+        && !data.is_null()
+        && (meta as usize).is_multiple_of(16)
+        && (data as usize).is_multiple_of(PAGE_SIZE)
+        && meta_bytes >= need;
+    ok.then_some(HeapHandle {
+        meta: meta as u64,
+        data: data as u64,
+        page_count: pages,
+        slots,
+    })
 }
 
 /// `void* cuheap_aligned_alloc(size_t alignment, size_t size)`:
@@ -151,11 +255,7 @@ pub unsafe extern "C" fn cuheap_init(
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_aligned_alloc(alignment: usize, size: usize) -> *mut u8 {
     // SAFETY: as in `cuheap_malloc`.
-    match unsafe { module_heap() } {
-        // SAFETY: as in `cuheap_malloc`.
-        Some(h) => unsafe { dev_alloc_aligned(&h, size, alignment) },
-        None => core::ptr::null_mut(),
-    }
+    unsafe { aligned_on(module_heap(), alignment, size) }
 }
 
 /// Fills `*out` with the module heap's statistics: `int
@@ -169,16 +269,135 @@ pub unsafe extern "C" fn cuheap_aligned_alloc(alignment: usize, size: usize) -> 
 /// one `cuheap_init` or the host set, or none.
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_get_stats(out: *mut CStats) -> i32 {
-    // SAFETY: as in `cuheap_malloc`.
-    let Some(h) = (unsafe { module_heap() }) else {
+    // SAFETY: as in `cuheap_malloc`; `out` as the caller guarantees.
+    unsafe { report(module_heap(), out, |h| CStats::from(&h.stats())) }
+}
+
+/// Fills `*out` with the module heap's counts (`int
+/// cuheap_get_counts(cuheap_counts_t*)`): allocations and frees ever,
+/// failures by cause, spans, the footprint and its peak, from the
+/// heap's counters (one load per slot and counter, no page scan).
+/// [`CUHEAP_ERROR_INVALID`] with no heap or a null `out`. Any thread, at
+/// any time; exact once the kernels that allocate have finished.
+///
+/// # Safety
+///
+/// As for [`cuheap_get_stats`]; `out` points to a writable `Counts`.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_get_counts(out: *mut Counts) -> i32 {
+    // SAFETY: as in `cuheap_get_stats`.
+    unsafe { report(module_heap(), out, |h| h.counts()) }
+}
+
+/// Fills `*out` with a handle to a heap over memory the caller owns,
+/// without making it the module's (`int cuheap_heap_init(cuheap_heap_t*
+/// out, void* meta, unsigned long long meta_bytes, void* data, unsigned
+/// long long data_bytes, unsigned slots)`), with the checks of
+/// [`cuheap_init`]; writes nothing else. The `cuheap_heap_*` functions
+/// take the handle. Any thread may call it: it only computes the handle.
+///
+/// # Safety
+///
+/// `out` is null (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_heap_init(
+    out: *mut HeapHandle,
+    meta: *mut u8,
+    meta_bytes: u64,
+    data: *mut u8,
+    data_bytes: u64,
+    slots: u32,
+) -> i32 {
+    let Some(h) = handle_of(meta, meta_bytes, data, data_bytes, slots) else {
         return CUHEAP_ERROR_INVALID;
     };
     if out.is_null() {
         return CUHEAP_ERROR_INVALID;
     }
-    // SAFETY: a nonzero handle describes a live heap.
-    let s = unsafe { Heap::<u32>::from_handle(&h) }.stats();
-    // SAFETY: `out` is writable.
-    unsafe { out.write(CStats::from(&s)) };
+    // SAFETY: writable by the caller's contract.
+    unsafe { out.write(h) };
     CUHEAP_OK
+}
+
+/// `void* cuheap_heap_malloc(const cuheap_heap_t* heap, size_t size)`:
+/// [`cuheap_malloc`] on `heap`; null when `heap` is null or zeroed.
+///
+/// # Safety
+///
+/// `heap` is null or points to a handle of a live heap (from
+/// `cuheap_heap_init` or the host's `cuheap_device_heap_handle`), or to
+/// a zeroed one.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_heap_malloc(heap: *const HeapHandle, size: usize) -> *mut u8 {
+    // SAFETY: the caller's contract.
+    unsafe { malloc_on(named(heap), size) }
+}
+
+/// `void* cuheap_heap_aligned_alloc(const cuheap_heap_t* heap, size_t
+/// alignment, size_t size)`: [`cuheap_aligned_alloc`] on `heap`.
+///
+/// # Safety
+///
+/// As for [`cuheap_heap_malloc`].
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_heap_aligned_alloc(
+    heap: *const HeapHandle,
+    alignment: usize,
+    size: usize,
+) -> *mut u8 {
+    // SAFETY: the caller's contract.
+    unsafe { aligned_on(named(heap), alignment, size) }
+}
+
+/// `void* cuheap_heap_realloc(const cuheap_heap_t* heap, void* ptr,
+/// size_t size)`: [`cuheap_realloc`] on `heap`.
+///
+/// # Safety
+///
+/// As for [`cuheap_heap_malloc`]; `ptr` as for [`cuheap_realloc`].
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_heap_realloc(
+    heap: *const HeapHandle,
+    ptr: *mut u8,
+    size: usize,
+) -> *mut u8 {
+    // SAFETY: the caller's contract.
+    unsafe { realloc_on(named(heap), ptr, size) }
+}
+
+/// `void cuheap_heap_free(const cuheap_heap_t* heap, void* ptr)`:
+/// [`cuheap_free`] on `heap` (a block of another heap is a foreign
+/// pointer there: refused and counted).
+///
+/// # Safety
+///
+/// As for [`cuheap_heap_malloc`].
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_heap_free(heap: *const HeapHandle, ptr: *mut u8) {
+    // SAFETY: the caller's contract.
+    unsafe { free_on(named(heap), ptr) }
+}
+
+/// `int cuheap_heap_get_stats(const cuheap_heap_t* heap, cuheap_stats_t*
+/// out)`: [`cuheap_get_stats`] on `heap`.
+///
+/// # Safety
+///
+/// As for [`cuheap_heap_malloc`]; `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_heap_get_stats(heap: *const HeapHandle, out: *mut CStats) -> i32 {
+    // SAFETY: the caller's contract.
+    unsafe { report(named(heap), out, |h| CStats::from(&h.stats())) }
+}
+
+/// `int cuheap_heap_get_counts(const cuheap_heap_t* heap,
+/// cuheap_counts_t* out)`: [`cuheap_get_counts`] on `heap`.
+///
+/// # Safety
+///
+/// As for [`cuheap_heap_malloc`]; `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_heap_get_counts(heap: *const HeapHandle, out: *mut Counts) -> i32 {
+    // SAFETY: the caller's contract.
+    unsafe { report(named(heap), out, |h| h.counts()) }
 }

@@ -21,7 +21,8 @@
 //! block through `dev_alloc_aligned` and `dev_free`.
 
 use crate::arch::{
-    activemask, globaltimer, laneid, match_any, nanosleep, reduce_or, shfl, smid, store_system,
+    activemask, globaltimer, laneid, match_any_64, nanosleep, reduce_or, shfl, smid, store_system,
+    warpid,
 };
 use cuheap_core::heap::{copy_block, GrowHost, Located};
 use cuheap_core::size_class::{class_of, class_of_aligned, page_units, MAX_BLOCKS_PER_PAGE};
@@ -95,7 +96,8 @@ unsafe fn view(h: &HeapHandle) -> Heap<'static, u32> {
 ///
 /// # Safety
 ///
-/// `h` describes a live heap; may be called from any lanes, converged or not.
+/// `h` describes a live heap; may be called from any lanes, converged or
+/// not, each with its own heap or the same.
 #[inline(always)]
 pub unsafe fn dev_alloc(h: &HeapHandle, size: usize) -> *mut u8 {
     // SAFETY: forwarded from the caller.
@@ -196,9 +198,15 @@ pub unsafe fn dev_realloc(
 /// the lanes making this call.
 #[inline(always)]
 unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class: u32) -> *mut u8 {
+    // Lanes of one heap and class. Lanes may name different heaps: a C
+    // caller's lanes meet in one body of `cuheap_heap_malloc` from
+    // several call sites. The heap's metadata address plus the class is
+    // unique: metadata regions do not overlap and are longer than the
+    // class count.
+    let key = heap.handle().meta + class as u64;
     // SAFETY: `activemask()` is the lanes executing this line, and each
     // of them makes this call next (the caller's contract).
-    let peers = unsafe { match_any(activemask(), class) };
+    let peers = unsafe { match_any_64(activemask(), key) };
     let lane = laneid();
     let leader = peers.trailing_zeros();
     let mut rank = (peers & ((1u32 << lane) - 1)).count_ones() as i32;
@@ -246,23 +254,11 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class
             waits = GROUP_WAITS;
         }
         if mask == 0 {
-            // No class page: the lanes not yet served go on one by one,
-            // to growth when a host serves it, or to one more search if
-            // the leader's left pages to growth that has ended since;
-            // else the leader's search was the last word: a span for
-            // classes with multi-unit pages (small heaps), else a counted
-            // null.
+            // No class page: the lanes not yet served go on one by one
+            // (below).
             // SAFETY: as above.
-            let deferred = unsafe { shfl(peers, deferred as u32, leader) } != 0;
-            if rank >= 0 {
-                if heap.may_grow() || deferred {
-                    return alloc_slow(heap, size, align);
-                }
-                return heap
-                    .alloc_fallback(size, class, slot)
-                    .unwrap_or(core::ptr::null_mut());
-            }
-            return result;
+            deferred = unsafe { shfl(peers, deferred as u32, leader) } != 0;
+            break;
         }
         // SAFETY: as above.
         let page = unsafe { shfl(peers, page, leader) };
@@ -278,7 +274,23 @@ unsafe fn warp_alloc(heap: &Heap<'static, u32>, size: usize, align: usize, class
             break;
         }
     }
-    result
+    // One count of the blocks the group's grants served.
+    let served = peers.count_ones() - remaining;
+    if lane == leader && served > 0 {
+        heap.count_allocated(slot, warpid(), served);
+    }
+    if rank < 0 {
+        return result;
+    }
+    // Not served by the group: to growth when a host serves the heap, or
+    // to one more search if the leader's left pages to growth that has
+    // ended since; else the leader's search was the last word: a span for
+    // classes with multi-unit pages (small heaps), else a counted null.
+    if heap.may_grow() || deferred {
+        return alloc_slow(heap, size, align);
+    }
+    heap.alloc_fallback(size, class, slot)
+        .unwrap_or(core::ptr::null_mut())
 }
 
 /// [`dev_alloc`] for one thread on its own, without the warp-cooperative
@@ -322,20 +334,28 @@ pub unsafe fn dev_free(h: &HeapHandle, ptr: *mut u8) {
     let heap = unsafe { view(h) };
     match heap.locate(ptr as usize) {
         Ok(Located::Block { page, word, mask }) => {
-            let words = (MAX_BLOCKS_PER_PAGE / 32) as u32;
+            let words = (MAX_BLOCKS_PER_PAGE / 32) as u64;
+            // Lanes freeing blocks of one bitmap word of one heap (lanes
+            // may name different heaps, as in `warp_alloc`): the heap's
+            // metadata address plus the word's index is unique, as the
+            // metadata holds more bytes than the heap has bitmap words.
+            let key = heap.handle().meta + page as u64 * words + word as u64;
             // SAFETY: `activemask()` is the lanes executing this line, and
             // each of them makes this call next.
-            let peers = unsafe { match_any(activemask(), page * words + word) };
+            let peers = unsafe { match_any_64(activemask(), key) };
             // SAFETY: `peers` is the lanes that matched just above; all of
             // them make this call next.
             let bits = unsafe { reduce_or(peers, mask) };
             if laneid() == peers.trailing_zeros() {
+                // The group's frees, counted without waiting for them (the
+                // double ones are subtracted where they are found).
+                heap.count_freed(smid(), warpid(), peers.count_ones());
                 heap.free_run(page, word, bits, smid());
                 // Lanes of one warp freeing the same block: all but one are
                 // double frees that the OR folded together.
                 let dup = peers.count_ones() - bits.count_ones();
                 if dup > 0 {
-                    cuheap_core::Counters::bump(&heap.counters().bad_frees, dup as u64);
+                    heap.count_double_frees(dup);
                 }
             }
         }

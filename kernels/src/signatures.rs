@@ -38,6 +38,19 @@ signatures! {
     /// As `alloc_cuheap`; `trace` holds two `u64`s per warp of `n` threads.
     fn bench::alloc_cuheap_traced(heap: HeapHandle, n: u32, sz: u32, ptrs: *mut *mut u8, errors: *mut u32, trace: *mut u64);
 
+    /// One round of the churn workload (`churn_case`): each thread that
+    /// the round picks checks its block in `ptrs[tid]` (null: none), frees
+    /// it, allocates one of the round's size and fills it; `round`
+    /// `u32::MAX` checks and frees every block and allocates none. Damaged
+    /// blocks count in `errors[1]`, nulls in `errors[0]`.
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; `ptrs` holds `n` pointers,
+    /// each null or a live block of `heap` that the previous rounds of this
+    /// workload allocated for that thread; `errors` points to two `u32`s.
+    fn bench::churn_cuheap(heap: HeapHandle, n: u32, round: u32, ptrs: *mut *mut u8, errors: *mut u32);
+
     /// Per thread: frees `ptrs[tid]` to `heap` (null, foreign, interior and
     /// double frees are refused and counted in the heap's `bad_frees`).
     ///

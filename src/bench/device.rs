@@ -4,9 +4,14 @@
 //! `pair` (alloc, write, fence, read back, free) and `alloc` then `free`
 //! with an untimed whole-block fill and check between them. Times are CUDA
 //! events around one launch: the median of `reps` runs after a warm-up.
+//!
+//! Then the churn case (cuheap alone): rounds of a kernel in which about
+//! half of the threads, chosen by hash, check and free their block and
+//! allocate another of mixed size; after each round, the heap's footprint
+//! over the bytes the live blocks asked for.
 
 use super::median;
-use super::workload::thread_size;
+use super::workload::{churn_case, thread_size};
 use crate::kernels::Bench;
 use crate::{DeviceHeap, Gpu, LaunchConfig, Result};
 use cuheap_host::DeviceMemory;
@@ -44,18 +49,47 @@ pub struct Skip {
     pub reason: String,
 }
 
+/// One round of the churn case.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChurnRound {
+    /// 0: every thread allocates; later rounds replace about half.
+    pub round: u32,
+    /// Threads (each holds one block).
+    pub threads: u32,
+    /// The round's launch (CUDA events).
+    pub ms: f64,
+    /// Bytes the live blocks asked for.
+    pub live_bytes: u64,
+    /// Pages the heap holds (cached empty ones too): `bytes_reserved`.
+    pub footprint_bytes: u64,
+    /// Pages holding at least one live block.
+    pub live_page_bytes: u64,
+    /// The most pages the heap has held so far.
+    pub peak_bytes: u64,
+    /// `footprint_bytes / live_bytes`.
+    pub footprint_ratio: f64,
+    /// `live_page_bytes / live_bytes`.
+    pub live_pages_ratio: f64,
+    /// Null allocations in the round.
+    pub nulls: u32,
+    /// Damaged blocks found in the round, and counts that disagree with
+    /// the workload (blocks in use).
+    pub errors: u32,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
     pub device: String,
     pub heap_bytes: usize,
     pub rows: Vec<Row>,
     pub skipped: Vec<Skip>,
+    pub churn: Vec<ChurnRound>,
 }
 
 impl Report {
     /// One line per row with null allocations or errors.
     pub fn failures(&self) -> Vec<String> {
-        super::failed_rows(
+        let mut out = super::failed_rows(
             &self.rows,
             |r| (r.nulls, r.errors),
             |r| {
@@ -67,7 +101,13 @@ impl Report {
                     size_name(r.size)
                 )
             },
-        )
+        );
+        out.extend(super::failed_rows(
+            &self.churn,
+            |r| (r.nulls, r.errors),
+            |r| format!("cuheap churn round {}", r.round),
+        ));
+        out
     }
 }
 
@@ -85,6 +125,8 @@ pub struct Config {
     pub cuda_budget_ms: f64,
     /// Run CUDA's device malloc too.
     pub cuda: bool,
+    /// Threads and rounds of the churn case (0 rounds: none).
+    pub churn: (u32, u32),
 }
 
 impl Default for Config {
@@ -98,6 +140,7 @@ impl Default for Config {
             cuda_heap_bytes: 4 << 30,
             cuda_budget_ms: 1500.0,
             cuda: true,
+            churn: (1 << 20, 20),
         }
     }
 }
@@ -146,7 +189,8 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
         .copied()
         .max()
         .unwrap_or(1)
-        .max(cfg.large.0);
+        .max(cfg.large.0)
+        .max(cfg.churn.0);
     let bufs = Buffers::new(gpu, max_threads)?;
     let bump = gpu.alloc_zeroed(cfg.heap_bytes)?;
     let info = gpu.info();
@@ -184,6 +228,10 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
         cuheap_case(gpu, &heap, &bufs, cfg, t, s, &mut report)?;
         progress(&format!("bump {t} x {}", size_name(s)));
         bump_case(gpu, &bump, &bufs, cfg, t, s, &mut report)?;
+    }
+    if cfg.churn.1 > 0 {
+        progress("cuheap churn");
+        report.churn = churn(gpu, &heap, &bufs, cfg.churn.0, cfg.churn.1, &mut progress)?;
     }
     // CUDA malloc last and smallest first: skip a size once a smaller case
     // with the same thread count already blew the budget.
@@ -350,6 +398,85 @@ fn cuheap_case(
         .rows
         .push(row("cuheap", "free", t, s, tf, check_errs));
     Ok(())
+}
+
+/// The churn case: round 0 and `rounds` more of `churn_cuheap` with `t`
+/// threads on an emptied heap, then a last launch that checks and frees
+/// every block. Each round's nulls, damaged blocks and disagreeing counts
+/// are its errors; the last launch's go to the last round.
+fn churn(
+    gpu: &Gpu,
+    heap: &DeviceHeap,
+    b: &Buffers,
+    t: u32,
+    rounds: u32,
+    progress: &mut impl FnMut(&str),
+) -> Result<Vec<ChurnRound>> {
+    // SAFETY: as in `cuheap_case`: every earlier launch ran on this stream
+    // and was waited for.
+    unsafe { heap.reset()? };
+    b.ptrs.zero()?;
+    let launch = LaunchConfig::for_threads(t);
+    // Each thread's block size now, 0 for none (after a null).
+    let mut sizes = vec![0u64; t as usize];
+    let mut out = Vec::new();
+    for round in 0..=rounds {
+        progress(&format!("cuheap churn round {round}"));
+        // SAFETY: `b.ptrs` holds `t` pointers, each null or the block the
+        // earlier rounds allocated for its thread; the heap and buffers
+        // outlive the launch, which `time` waits for.
+        let ms = gpu.time(|| unsafe {
+            b.kernels
+                .churn_cuheap(&launch, heap, t, round, b.ptrs.as_ptr(), b.errors.as_ptr())
+        })? as f64;
+        let mut ptrs = vec![0u64; t as usize];
+        b.ptrs.read(0, &mut ptrs)?;
+        for (tid, (size, &p)) in sizes.iter_mut().zip(&ptrs).enumerate() {
+            let (swap, want) = churn_case(tid as u32, round);
+            if swap {
+                *size = if p == 0 { 0 } else { want as u64 };
+            }
+        }
+        let [nulls, mut errors] = b.errors()?;
+        let (st, k) = (heap.stats()?, heap.counts()?);
+        let live = sizes.iter().filter(|&&s| s > 0).count() as u64;
+        if k.in_use() != live || st.blocks() != live {
+            errors += 1;
+        }
+        let live_bytes: u64 = sizes.iter().sum();
+        let ratio = |x: u64| x as f64 / live_bytes.max(1) as f64;
+        out.push(ChurnRound {
+            round,
+            threads: t,
+            ms,
+            live_bytes,
+            footprint_bytes: k.bytes_reserved,
+            live_page_bytes: st.bytes_in_live_pages,
+            peak_bytes: k.peak_bytes_reserved,
+            footprint_ratio: ratio(k.bytes_reserved),
+            live_pages_ratio: ratio(st.bytes_in_live_pages),
+            nulls,
+            errors,
+        });
+    }
+    // SAFETY: as for the rounds.
+    unsafe {
+        b.kernels.churn_cuheap(
+            &launch,
+            heap,
+            t,
+            u32::MAX,
+            b.ptrs.as_ptr(),
+            b.errors.as_ptr(),
+        )?
+    };
+    gpu.sync()?;
+    let [_, damaged] = b.errors()?;
+    let lost = !heap.stats()?.is_empty() || heap.counts()?.in_use() != 0;
+    if let Some(last) = out.last_mut() {
+        last.errors += damaged + lost as u32;
+    }
+    Ok(out)
 }
 
 fn bump_case(

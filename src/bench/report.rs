@@ -97,6 +97,34 @@ pub fn device_table(r: &Report) -> String {
             failed(errors),
         );
     }
+    if !r.churn.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nChurn: {} threads each hold a block of 16..4096 B; each round about half of them, chosen by hash, check and free theirs and allocate another\n",
+            threads_name(r.churn[0].threads)
+        );
+        let _ = writeln!(
+            out,
+            "| round | ms | live MiB | footprint MiB | footprint / live | live pages / live | peak MiB | nulls | errors |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+        let mib = |b: u64| format!("{:.1}", b as f64 / (1u64 << 20) as f64);
+        for c in &r.churn {
+            let _ = writeln!(
+                out,
+                "| {} | {:.3} | {} | {} | {:.3} | {:.3} | {} | {} | {} |",
+                c.round,
+                c.ms,
+                mib(c.live_bytes),
+                mib(c.footprint_bytes),
+                c.footprint_ratio,
+                c.live_pages_ratio,
+                mib(c.peak_bytes),
+                failed(c.nulls),
+                failed(c.errors),
+            );
+        }
+    }
     let failures = r.failures();
     if !failures.is_empty() {
         let _ = writeln!(out, "\nFAILED: {}", failures.join("; "));

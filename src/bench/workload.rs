@@ -28,6 +28,19 @@ pub const fn mix(a: u32, b: u32) -> u32 {
     x ^ (x >> 16)
 }
 
+/// The churn workload: in round `round`, whether thread `tid` frees its
+/// block and allocates another (every thread in round 0, about half of
+/// them, chosen by hash, in each later round), and that block's size,
+/// uniform in 16..=4096.
+#[inline(always)]
+pub const fn churn_case(tid: u32, round: u32) -> (bool, usize) {
+    let x = mix(tid, 0xC0FF_EE00u32.wrapping_add(round));
+    (
+        round == 0 || x & 1 == 1,
+        16 + ((x >> 1) % (4096 - 16 + 1)) as usize,
+    )
+}
+
 /// The aligned-allocation workload: thread `tid` asks for `(size,
 /// align)`, every power-of-two alignment from 1 B to 64 KiB (the page
 /// size) in turn, sizes from 1 B to three times the alignment (at least

@@ -52,11 +52,8 @@ impl<W: Word> Heap<'_, W> {
     /// Allocates `size` bytes; slot `slot` picks the current pages to use.
     pub fn alloc(&self, size: usize, slot: u32) -> Result<*mut u8, AllocError> {
         match class_of(size) {
-            Some(class) => match self.reserve(class, 1, slot) {
-                Ok(mut g) => {
-                    let run = self.claim(&mut g);
-                    Ok(self.run_addr(&run, class, 0))
-                }
+            Some(class) => match self.one_block(class, slot) {
+                Ok(p) => Ok(p),
                 Err(e) => match self.search_again(class, slot, e == AllocError::Growing) {
                     Some(p) => Ok(p),
                     None => self.alloc_fallback(size, class, slot),
@@ -100,11 +97,8 @@ impl<W: Word> Heap<'_, W> {
             return Err(AllocError::BadAlignment);
         }
         match class_of_aligned(size, align) {
-            Some(class) => match self.reserve(class, 1, slot) {
-                Ok(mut g) => {
-                    let run = self.claim(&mut g);
-                    Ok(self.run_addr(&run, class, 0))
-                }
+            Some(class) => match self.one_block(class, slot) {
+                Ok(p) => Ok(p),
                 Err(e) => self.try_fallback(size, class, slot, e == AllocError::Growing),
             },
             None => self.try_span(size, slot),
@@ -147,9 +141,27 @@ impl<W: Word> Heap<'_, W> {
         if !deferred || self.may_grow() {
             return None;
         }
-        let mut g = self.reserve(class, 1, slot).ok()?;
+        self.one_block(class, slot).ok()
+    }
+
+    /// One block of `class` for slot `slot`: [`Heap::reserve`], then
+    /// [`Heap::claim`], counted in the slot's tally.
+    #[inline(always)]
+    fn one_block(&self, class: u32, slot: u32) -> Result<*mut u8, AllocError> {
+        let mut g = self.reserve(class, 1, slot)?;
         let run = self.claim(&mut g);
-        Some(self.run_addr(&run, class, 0))
+        self.count_allocated(slot, 0, 1);
+        Ok(self.run_addr(&run, class, 0))
+    }
+
+    /// Counts `n` class blocks that slot `slot` allocated through
+    /// [`Heap::reserve`] and [`Heap::claim`], in its tally (counter `way`:
+    /// see [`Tallies::allocated`](crate::Tallies::allocated)): callers of
+    /// those two count their blocks here (a warp once for all its lanes);
+    /// every other allocation function counts its own.
+    #[inline(always)]
+    pub fn count_allocated(&self, slot: u32, way: u32, n: u32) {
+        self.tallies().allocated(self.slot_index(slot), way, n);
     }
 
     /// [`Heap::alloc_fallback`] without counting a failure, after one more
@@ -177,6 +189,8 @@ impl<W: Word> Heap<'_, W> {
     /// Reserves up to `want` (1..=4096) blocks of `class` on one page: the
     /// bulk entry point behind warp aggregation. The grant may hold fewer
     /// than `want` blocks when the page fills; ask again for the rest.
+    /// The caller counts the blocks it hands out
+    /// ([`Heap::count_allocated`]).
     /// Out of memory is not counted here: callers finish with
     /// [`Heap::alloc_fallback`], which counts what finally fails. On a
     /// heap a host grows while kernels run, [`AllocError::Growing`] says
@@ -511,12 +525,25 @@ impl<W: Word> Heap<'_, W> {
     /// failure in `failed_allocs`, and the bytes of those that failed for
     /// want of memory in `failed_bytes` (the heap's shortfall; size 0,
     /// too large and a bad alignment are not shortfalls growth could fix).
+    ///
+    /// Out of line (see [`Counters::take_units`]).
     #[cold]
+    #[inline(never)]
     pub(super) fn count_failure(&self, e: AllocError, size: usize) -> AllocError {
-        if e == AllocError::OutOfMemory {
-            Counters::bump(&self.counters.failed_bytes, size as u64);
-        }
-        Counters::bump(&self.counters.failed_allocs, 1);
+        let c = self.counters;
+        let cause = match e {
+            AllocError::ZeroSize => &c.zero_size,
+            AllocError::TooLarge => &c.too_large,
+            AllocError::BadAlignment => &c.bad_alignment,
+            // `Growing` never leaves the allocation functions; were it
+            // counted, it would be a shortfall.
+            AllocError::OutOfMemory | AllocError::Growing => {
+                Counters::bump(&c.failed_bytes, size as u64);
+                &c.out_of_memory
+            }
+        };
+        Counters::bump(cause, 1);
+        Counters::bump(&c.failed_allocs, 1);
         e
     }
 }

@@ -30,6 +30,7 @@ impl<W: Word> Heap<'_, W> {
         match self.locate(ptr as usize)? {
             Located::Block { page, word, mask } => {
                 let out = self.free_run(page, word, mask, slot);
+                self.count_freed(slot, 0, mask.count_ones());
                 if out.already_free > 0 {
                     return Err(FreeError::NotAllocated);
                 }
@@ -111,14 +112,16 @@ impl<W: Word> Heap<'_, W> {
 
     /// Frees the blocks `mask` of word `word` of a class page (all located
     /// by [`Heap::locate`]): one `fetch_or`, one `fetch_add`. Blocks that
-    /// were already free are counted as bad frees and left alone.
+    /// were already free are counted as bad (double) frees and left alone.
+    /// The caller counts the frees it made, double ones included
+    /// ([`Heap::count_freed`]; a warp counts once for all its lanes).
     #[inline(always)]
     pub fn free_run(&self, page: u32, word: u32, mask: W, slot: u32) -> FreeOutcome {
         let dup = self.bitmap(page).release(word, mask);
         let fresh = (mask & !dup).count_ones();
         let already_free = dup.count_ones();
         if already_free > 0 {
-            Counters::bump(&self.counters.bad_frees, already_free as u64);
+            self.count_double_frees(already_free);
         }
         if fresh > 0 {
             self.return_blocks(page, fresh, slot);
@@ -127,6 +130,23 @@ impl<W: Word> Heap<'_, W> {
             freed: fresh,
             already_free,
         }
+    }
+
+    /// Counts `n` frees of class blocks by slot `slot`, double frees
+    /// included (see [`Counters::double_frees`]), in its tally (as
+    /// [`Heap::count_allocated`]).
+    #[inline(always)]
+    pub fn count_freed(&self, slot: u32, way: u32, n: u32) {
+        if n > 0 {
+            self.tallies().freed(self.slot_index(slot), way, n);
+        }
+    }
+
+    /// Counts `n` frees of class blocks that were already free.
+    #[cold]
+    pub fn count_double_frees(&self, n: u32) {
+        Counters::bump(&self.counters.bad_frees, n as u64);
+        Counters::bump(&self.counters.double_frees, n as u64);
     }
 
     #[cold]

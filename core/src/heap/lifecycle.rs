@@ -32,6 +32,7 @@ impl<W: Word> Heap<'_, W> {
         }
         let cap = blocks_per_page(class);
         self.bitmap(page).fill(cap);
+        self.counters.take_units(page_units(class) as u64);
         self.descs[page as usize].activate(class, cap);
         Counters::bump(&self.counters.pages_activated, 1);
     }
@@ -77,6 +78,7 @@ impl<W: Word> Heap<'_, W> {
             d.kind.store(KIND_FREE, Ordering::Release);
         }
         Counters::bump(&self.counters.pages_retired, 1);
+        self.counters.give_units(units as u64);
         self.map().release_run(page, units);
     }
 

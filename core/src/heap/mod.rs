@@ -48,7 +48,7 @@ use crate::page::PageDesc;
 use crate::page_list::PageList;
 use crate::page_map::PageMap;
 use crate::size_class::{class_size, BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
-use crate::stats::{Counters, Stats};
+use crate::stats::{Counters, Counts, Stats, Tallies};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::word::Word;
 
@@ -331,8 +331,49 @@ impl<'a, W: Word> Heap<'a, W> {
         self.descs
     }
 
+    /// Statistics from a scan of every page's descriptor (see
+    /// [`Heap::counts`] for the counters alone).
+    ///
+    /// # Time complexity
+    ///
+    /// O(pages).
     pub fn stats(&self) -> Stats {
         Stats::collect(self.descs, self.counters)
+    }
+
+    /// The heap's counts, from its counters and the slots' tallies.
+    ///
+    /// # Time complexity
+    ///
+    /// O(slots).
+    pub fn counts(&self) -> Counts {
+        Counts::collect(self.counters, self.tallies())
+    }
+
+    /// `slot`'s index among the slots: itself when in range (a GPU's SM
+    /// id always is), without the division that `%` costs there.
+    #[inline(always)]
+    pub(super) fn slot_index(&self, slot: u32) -> u32 {
+        if slot < self.slots {
+            slot
+        } else {
+            slot % self.slots
+        }
+    }
+
+    /// The slots' tallies, which follow the counters (see [`Layout`]).
+    #[inline(always)]
+    pub(super) fn tallies(&self) -> Tallies<'a> {
+        // Through the address, as `from_handle` reaches every array: a
+        // pointer from the counters' reference covers the counters only.
+        let at = self.counters as *const Counters as usize + Layout::TALLIES;
+        // SAFETY: the layout puts `Tallies::words(slots)` words at
+        // `Layout::TALLIES` past the counters, inside the metadata that
+        // `from_handle`'s caller vouched for; zero is a valid atomic.
+        let words = unsafe {
+            core::slice::from_raw_parts(at as *const AtomicU64, Tallies::words(self.slots))
+        };
+        Tallies::new(words)
     }
 
     #[inline(always)]

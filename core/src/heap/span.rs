@@ -62,6 +62,7 @@ impl<W: Word> Heap<'_, W> {
                 .kind
                 .store(KIND_SPAN_TAIL, Ordering::Relaxed);
         }
+        self.count_span_pages(pages as u32, 0);
         let head = &self.descs[start as usize];
         head.span.store(pages as u32, Ordering::Relaxed);
         head.kind.store(KIND_SPAN_HEAD, Ordering::Release);
@@ -90,6 +91,7 @@ impl<W: Word> Heap<'_, W> {
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
+        self.count_span_pages(0, n);
         self.map().release_run(page, n);
         Counters::bump(&self.counters.spans_freed, 1);
         Ok(FreeOutcome {
@@ -114,7 +116,22 @@ impl<W: Word> Heap<'_, W> {
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
+        self.count_span_pages(0, have - want);
         self.map().release_run(page + want, have - want);
+    }
+
+    /// Counts span pages taken (before they are published) and given back
+    /// (before they return to the page map), in the footprint too.
+    fn count_span_pages(&self, taken: u32, given: u32) {
+        let c = self.counters;
+        if taken > 0 {
+            c.take_units(taken as u64);
+            c.span_pages.fetch_add(taken as u64, Ordering::Relaxed);
+        }
+        if given > 0 {
+            c.span_pages.fetch_sub(given as u64, Ordering::Relaxed);
+            c.give_units(given as u64);
+        }
     }
 
     /// Grows the span at `page` from `have` to `want` pages by claiming
@@ -131,6 +148,7 @@ impl<W: Word> Heap<'_, W> {
         {
             return false;
         }
+        self.count_span_pages(want - have, 0);
         for p in page + have..page + want {
             self.descs[p as usize]
                 .kind
