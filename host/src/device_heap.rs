@@ -421,10 +421,10 @@ impl DeviceHeap {
     /// recent value.
     pub fn counts(&self) -> Result<Counts> {
         let words = Tallies::words(self.handle.slots);
-        let mut lines = vec![MetaLine([0; 128]); (Layout::TALLIES + words * 8).div_ceil(128)];
+        let len = Layout::TALLIES + words * 8;
+        let mut lines = vec![MetaLine([0; 128]); len.div_ceil(128)];
         // SAFETY: plain bytes.
         let bytes = unsafe { as_bytes_mut(&mut lines) };
-        let len = Layout::TALLIES + words * 8;
         self.meta.read(self.layout.counters, &mut bytes[..len])?;
         let base = lines.as_ptr() as *const u8;
         // SAFETY: the copy is 128-byte aligned and holds the counters at 0
