@@ -246,6 +246,54 @@ mod tests {
         assert!(heap.stats().is_empty());
     }
 
+    /// With small class pages a 4 KiB block takes one 64 KiB unit (16
+    /// blocks) instead of 16 units (256 blocks); the page holds 16 blocks,
+    /// the 17th opens another, and both go back to the map when freed.
+    #[test]
+    fn small_class_pages_hold_sixteen_blocks() {
+        use crate::heap::Placement;
+        use crate::size_class::{class_of, Geometry};
+        let c = class_of(4096).unwrap();
+        assert_eq!(
+            (
+                Geometry::STANDARD.page_units(c),
+                Geometry::SMALL.page_units(c)
+            ),
+            (16, 1)
+        );
+        assert_eq!(Geometry::SMALL.blocks_per_page(c), 16);
+        let owned = OwnedHeap::<u64>::new(16, 1).unwrap();
+        let heap = owned.heap();
+        heap.set_placement(Placement::SMALL_CLASS_PAGES);
+        assert_eq!(heap.geometry(), Geometry::SMALL);
+        let blocks: std::vec::Vec<*mut u8> =
+            (0..17).map(|_| heap.alloc(4096, 0).unwrap()).collect();
+        let held = |h: &crate::heap::Heap<'_, u64>| h.counts().bytes_reserved;
+        assert_eq!(held(&heap), 2 * PAGE_SIZE as u64, "two one-unit pages");
+        let s = heap.stats();
+        assert_eq!(
+            (
+                s.class_pages[c as usize],
+                s.class_units,
+                s.blocks_in_use[c as usize]
+            ),
+            (2, 2, 17)
+        );
+        heap.check_invariants().unwrap();
+        // Each block's page is found from its address, its index within 16.
+        for &b in &blocks {
+            let info = heap.block_at(b as usize).unwrap();
+            assert!(info.index < 16 && info.size == 4096);
+        }
+        for b in blocks {
+            heap.free(b, 0).unwrap();
+        }
+        heap.scavenge();
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
+        assert_eq!(held(&heap), 0);
+    }
+
     /// Spans grow into the pages after them and shrink by giving pages
     /// back; a class block grows into a span and back.
     #[test]

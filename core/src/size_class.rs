@@ -83,8 +83,14 @@ const _: () = {
             Some(c) => assert!(c as usize == i),
             None => panic!("class_of misses a class"),
         }
-        assert!(blocks_per_page(i as u32) >= 1);
-        assert!(blocks_per_page(i as u32) as usize <= MAX_BLOCKS_PER_PAGE);
+        let mut g = 0;
+        while g < 2 {
+            let geo = [Geometry::STANDARD, Geometry::SMALL][g];
+            assert!(geo.blocks_per_page(i as u32) >= 1);
+            assert!(geo.blocks_per_page(i as u32) as usize <= MAX_BLOCKS_PER_PAGE);
+            assert!(geo.page_units(i as u32) <= MAX_PAGE_UNITS);
+            g += 1;
+        }
         i += 1;
     }
     assert!(class_of(0).is_none());
@@ -206,52 +212,95 @@ pub const fn class_size(class: u32) -> u32 {
 /// [`PAGE_SIZE`] units long, so a warp's worth of blocks rarely needs a new
 /// page (a 64 KiB page holds only 16 blocks of 4 KiB).
 pub const TARGET_BLOCKS_PER_PAGE: usize = 256;
+/// Blocks a page aims to hold in a heap with small class pages
+/// ([`Geometry::SMALL`]): a host pool, whose few threads each keep a
+/// current page per class, and for which most of a 256-block page would
+/// sit empty.
+pub const SMALL_TARGET_BLOCKS_PER_PAGE: usize = 16;
 /// Longest page of a class, in [`PAGE_SIZE`] units (1 MiB).
 pub const MAX_PAGE_UNITS: u32 = 16;
 
-/// [`PAGE_SIZE`] units in one page of `class` (1 for classes up to 256 B).
+/// [`PAGE_SIZE`] units in one page of `class` (1 for classes up to 256 B),
+/// in the standard geometry (every heap a kernel uses).
 #[inline(always)]
 pub const fn page_units(class: u32) -> u32 {
-    if (class as usize) < CLASS_COUNT {
-        PAGE_UNITS[class as usize]
-    } else {
-        1
-    }
+    Geometry::STANDARD.page_units(class)
 }
 
-/// Blocks that fit in one page of `class`.
+/// Blocks that fit in one page of `class`, in the standard geometry.
 #[inline(always)]
 pub const fn blocks_per_page(class: u32) -> u32 {
-    if (class as usize) < CLASS_COUNT {
-        BLOCKS_PER_PAGE[class as usize]
-    } else {
-        0
+    Geometry::STANDARD.blocks_per_page(class)
+}
+
+/// How long the pages of each class are: [`Geometry::STANDARD`] (pages
+/// of about 256 blocks, up to 1 MiB) or [`Geometry::SMALL`] (about 16
+/// blocks, one 64 KiB unit up to the 4 KiB class). A heap has one for
+/// life (see `Placement::SMALL_CLASS_PAGES`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    small: bool,
+}
+
+impl Geometry {
+    pub const STANDARD: Geometry = Geometry { small: false };
+    pub const SMALL: Geometry = Geometry { small: true };
+
+    /// [`PAGE_SIZE`] units in one page of `class`.
+    #[inline(always)]
+    pub const fn page_units(self, class: u32) -> u32 {
+        if (class as usize) >= CLASS_COUNT {
+            return 1;
+        }
+        if self.small {
+            SMALL_PAGE_UNITS[class as usize]
+        } else {
+            PAGE_UNITS[class as usize]
+        }
+    }
+
+    /// Blocks that fit in one page of `class`.
+    #[inline(always)]
+    pub const fn blocks_per_page(self, class: u32) -> u32 {
+        if (class as usize) >= CLASS_COUNT {
+            return 0;
+        }
+        if self.small {
+            SMALL_BLOCKS_PER_PAGE[class as usize]
+        } else {
+            BLOCKS_PER_PAGE[class as usize]
+        }
     }
 }
 
 // Tables, so the hot paths look these up instead of dividing.
-const PAGE_UNITS: [u32; CLASS_COUNT] = {
+const PAGE_UNITS: [u32; CLASS_COUNT] = units_table(TARGET_BLOCKS_PER_PAGE);
+const BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(TARGET_BLOCKS_PER_PAGE);
+const SMALL_PAGE_UNITS: [u32; CLASS_COUNT] = units_table(SMALL_TARGET_BLOCKS_PER_PAGE);
+const SMALL_BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(SMALL_TARGET_BLOCKS_PER_PAGE);
+
+const fn units_table(target: usize) -> [u32; CLASS_COUNT] {
     let mut t = [0u32; CLASS_COUNT];
     let mut c = 0;
     while c < CLASS_COUNT {
-        t[c] = compute_page_units(c as u32);
+        t[c] = compute_page_units(c as u32, target);
         c += 1;
     }
     t
-};
+}
 
-const BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = {
+const fn blocks_table(target: usize) -> [u32; CLASS_COUNT] {
     let mut t = [0u32; CLASS_COUNT];
     let mut c = 0;
     while c < CLASS_COUNT {
-        t[c] = compute_page_units(c as u32) * PAGE_SIZE as u32 / CLASS_SIZES[c];
+        t[c] = compute_page_units(c as u32, target) * PAGE_SIZE as u32 / CLASS_SIZES[c];
         c += 1;
     }
     t
-};
+}
 
-const fn compute_page_units(class: u32) -> u32 {
-    let u = (TARGET_BLOCKS_PER_PAGE * class_size(class) as usize).div_ceil(PAGE_SIZE) as u32;
+const fn compute_page_units(class: u32, target: usize) -> u32 {
+    let u = (target * class_size(class) as usize).div_ceil(PAGE_SIZE) as u32;
     if u == 0 {
         1
     } else if u > MAX_PAGE_UNITS {

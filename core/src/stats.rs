@@ -9,7 +9,7 @@
 //!   in use per class, pages per class, free pages.
 
 use crate::page::{decode, decode_kind, Kind, PageDesc};
-use crate::size_class::{blocks_per_page, class_size, page_units, CLASS_COUNT, PAGE_SIZE};
+use crate::size_class::{class_size, Geometry, CLASS_COUNT, PAGE_SIZE};
 use crate::sync::{add_relaxed, AtomicU64, Ordering};
 
 /// Event counters kept in the heap's metadata.
@@ -82,6 +82,26 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// The heap's class-page geometry, from its placement bits
+    /// ([`Placement::SMALL_CLASS_PAGES`](crate::heap::Placement::SMALL_CLASS_PAGES)).
+    /// On the GPU always the standard one, a constant.
+    #[inline(always)]
+    pub fn geometry(&self) -> Geometry {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            Geometry::STANDARD
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            let bits = self.placement.load(Ordering::Relaxed);
+            if bits & crate::heap::Placement::SMALL_CLASS_PAGES != 0 {
+                Geometry::SMALL
+            } else {
+                Geometry::STANDARD
+            }
+        }
+    }
+
     pub fn new() -> Self {
         Self {
             failed_allocs: AtomicU64::new(0),
@@ -375,6 +395,7 @@ impl Stats {
     /// the host reads a device heap's metadata this way).
     pub fn collect(descs: &[PageDesc], counters: &Counters) -> Stats {
         let k = Counts::collect(counters, Tallies::new(&[]));
+        let geo = counters.geometry();
         let mut s = Stats {
             blocks_in_use: [0; CLASS_COUNT],
             class_pages: [0; CLASS_COUNT],
@@ -401,13 +422,13 @@ impl Stats {
                 Kind::Free => s.free_pages += 1,
                 Kind::Class(c) if (c as usize) < CLASS_COUNT => {
                     let free = decode(d.avail.load(Ordering::Relaxed)).free;
-                    let used = (blocks_per_page(c) as i64 - free.max(0)).max(0) as u64;
+                    let used = (geo.blocks_per_page(c) as i64 - free.max(0)).max(0) as u64;
                     s.blocks_in_use[c as usize] += used;
                     s.class_pages[c as usize] += 1;
-                    s.class_units += page_units(c) as u64;
+                    s.class_units += geo.page_units(c) as u64;
                     s.bytes_in_use += used * class_size(c) as u64;
                     if used > 0 {
-                        s.bytes_in_live_pages += page_units(c) as u64 * PAGE_SIZE as u64;
+                        s.bytes_in_live_pages += geo.page_units(c) as u64 * PAGE_SIZE as u64;
                     }
                 }
                 Kind::Class(_) => {}

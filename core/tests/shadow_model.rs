@@ -129,6 +129,10 @@ fn cause(e: AllocError) -> usize {
     }
 }
 
+/// A host pool's placement bits (its default).
+const POOL: u64 =
+    Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW | Placement::SMALL_CLASS_PAGES;
+
 fn run<W: Word>(pages: u32, actions: Vec<Action>) {
     run_placed::<W>(pages, 0, actions)
 }
@@ -397,16 +401,25 @@ proptest! {
         run::<u32>(5, actions);
     }
 
-    /// A host pool's placement: spans by best fit, class pages packed low.
+    /// A host pool's placement: spans by best fit, class pages packed low
+    /// and small, on the pool's 64-bit bitmap words.
     #[test]
     fn shadow_model_pool_placement(actions in proptest::collection::vec(action(), 1..300)) {
-        run_placed::<u32>(24, Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW, actions);
+        run_placed::<u64>(24, POOL, actions);
     }
 
     #[test]
     fn shadow_model_pool_placement_tiny_heap(
         actions in proptest::collection::vec(action(), 1..300)
     ) {
-        run_placed::<u32>(5, Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW, actions);
+        run_placed::<u32>(5, POOL, actions);
+    }
+
+    /// Best fit and low class pages with the GPU's 256-block pages.
+    #[test]
+    fn shadow_model_pool_placement_large_pages(
+        actions in proptest::collection::vec(action(), 1..300)
+    ) {
+        run_placed::<u32>(24, Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW, actions);
     }
 }

@@ -4,9 +4,7 @@
 
 use super::{AllocError, Heap, Placement};
 use crate::page::{decode_kind, Kind, STATE_ATTACHED, STATE_LISTED};
-use crate::size_class::{
-    blocks_per_page, class_of, class_of_aligned, page_units, valid_align, CLASS_COUNT,
-};
+use crate::size_class::{class_of, class_of_aligned, valid_align, CLASS_COUNT};
 use crate::stats::Counters;
 use crate::sync::{spin_hint, Ordering};
 use crate::word::Word;
@@ -127,7 +125,7 @@ impl<W: Word> Heap<'_, W> {
 
     #[inline(always)]
     fn fallback_here(&self, size: usize, class: u32, slot: u32) -> Result<*mut u8, AllocError> {
-        if page_units(class) > 1 {
+        if self.geometry().page_units(class) > 1 {
             return self.alloc_span(size, slot);
         }
         Err(self.count_failure(AllocError::OutOfMemory, size))
@@ -180,7 +178,7 @@ impl<W: Word> Heap<'_, W> {
         }
         // A heap that can grow grows instead: a span of a whole unit per
         // block would waste most of it.
-        if page_units(class) > 1 && !self.may_grow() {
+        if self.geometry().page_units(class) > 1 && !self.may_grow() {
             return self.try_span(size, slot);
         }
         Err(AllocError::OutOfMemory)
@@ -228,7 +226,7 @@ impl<W: Word> Heap<'_, W> {
                 // Relaxed: `take` (AcqRel) synchronised with the activation
                 // that wrote the kind before its release.
                 if decode_kind(d.kind.load(Ordering::Relaxed)) == Kind::Class(class) {
-                    let cap = blocks_per_page(class);
+                    let cap = self.geometry().blocks_per_page(class);
                     return Ok(Grant {
                         page,
                         class,
@@ -256,7 +254,7 @@ impl<W: Word> Heap<'_, W> {
     #[inline(always)]
     pub fn claim(&self, g: &mut Grant) -> Run<W> {
         let bm = self.bitmap(g.page);
-        let nwords = blocks_per_page(g.class).div_ceil(W::BITS);
+        let nwords = self.geometry().blocks_per_page(g.class).div_ceil(W::BITS);
         loop {
             // A reservation guarantees enough set bits; a pass can miss them
             // only while other claimers move, so retrying terminates.
@@ -338,7 +336,7 @@ impl<W: Word> Heap<'_, W> {
         let limit = self.limit();
         let floor = self.fresh_floor(limit);
         let hint = self.fresh_hint(slot, floor, limit);
-        let units = page_units(class);
+        let units = self.geometry().page_units(class);
         let mut claimed = self.claim_units(units, hint, floor, limit);
         if claimed.is_none() && floor > 0 {
             claimed = self.claim_whole(units, limit);

@@ -3,7 +3,7 @@
 use super::lifecycle::list_threshold;
 use super::Heap;
 use crate::page::{Avail, Kind, STATE_ATTACHED, STATE_FLOATING, STATE_LISTED};
-use crate::size_class::{blocks_per_page, page_units, CLASS_COUNT};
+use crate::size_class::CLASS_COUNT;
 use crate::sync::Ordering;
 use crate::word::Word;
 
@@ -45,7 +45,7 @@ impl<W: Word> Heap<'_, W> {
                     if !a.live {
                         return Err("class page not live");
                     }
-                    let cap = blocks_per_page(c);
+                    let cap = self.geometry().blocks_per_page(c);
                     let nwords = cap.div_ceil(W::BITS);
                     let bm = self.bitmap(p);
                     if bm.count_free(nwords) as i64 != a.free {
@@ -73,7 +73,7 @@ impl<W: Word> Heap<'_, W> {
                     if a.floating && a.free >= list_threshold(cap) as i64 {
                         return Err("floating page with free blocks is neither listed nor retired");
                     }
-                    let units = page_units(c);
+                    let units = self.geometry().page_units(c);
                     for k in 1..units {
                         let q = p + k;
                         let t = &self.descs[q as usize];

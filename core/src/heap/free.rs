@@ -3,7 +3,7 @@
 
 use super::{FreeError, Heap};
 use crate::page::{decode_kind, Kind};
-use crate::size_class::{blocks_per_page, class_size, CLASS_COUNT, PAGE_SHIFT, PAGE_SIZE};
+use crate::size_class::{class_size, CLASS_COUNT, PAGE_SHIFT, PAGE_SIZE};
 use crate::stats::Counters;
 use crate::sync::Ordering;
 use crate::word::Word;
@@ -86,7 +86,9 @@ impl<W: Word> Heap<'_, W> {
             Kind::Class(class) if (class as usize) < CLASS_COUNT => {
                 let size = class_size(class) as usize;
                 let index = in_page / size;
-                if !in_page.is_multiple_of(size) || index >= blocks_per_page(class) as usize {
+                if !in_page.is_multiple_of(size)
+                    || index >= self.geometry().blocks_per_page(class) as usize
+                {
                     return Err(FreeError::Interior);
                 }
                 Ok(BlockInfo {

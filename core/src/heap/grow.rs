@@ -39,7 +39,7 @@
 //! runs before a failure is final.
 
 use super::{AllocError, Heap};
-use crate::size_class::{class_of_aligned, page_units, span_pages};
+use crate::size_class::{class_of_aligned, span_pages, Geometry};
 use crate::stats::Counters;
 use crate::sync::Ordering;
 use crate::word::Word;
@@ -109,7 +109,12 @@ impl<W: Word> Heap<'_, W> {
                 // The full search ran and found nothing.
                 return Err(self.count_failure(AllocError::OutOfMemory, size));
             }
-            if !self.wait_for_growth(seen, refusals, pages_for(size, align), host) {
+            if !self.wait_for_growth(
+                seen,
+                refusals,
+                pages_for(self.geometry(), size, align),
+                host,
+            ) {
                 if !self.may_grow() {
                     // Refused or stopped: one more search, which now
                     // retires every slot's parked pages (see
@@ -225,9 +230,9 @@ impl<W: Word> Heap<'_, W> {
 }
 
 /// Pages an allocation of `size` bytes at `align` takes from the page map.
-fn pages_for(size: usize, align: usize) -> u32 {
+fn pages_for(geo: Geometry, size: usize, align: usize) -> u32 {
     match class_of_aligned(size, align) {
-        Some(class) => page_units(class),
+        Some(class) => geo.page_units(class),
         None => span_pages(size).min(u32::MAX as usize) as u32,
     }
 }

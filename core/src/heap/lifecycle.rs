@@ -6,7 +6,7 @@ use super::alloc::INSTALLING;
 use super::Heap;
 use crate::page::{Avail, Kind, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
 use crate::page_list::PageList;
-use crate::size_class::{blocks_per_page, page_units, CLASS_COUNT};
+use crate::size_class::CLASS_COUNT;
 use crate::stats::Counters;
 use crate::sync::Ordering;
 use crate::word::Word;
@@ -25,14 +25,17 @@ pub(super) const fn list_threshold(cap: u32) -> u32 {
 
 impl<W: Word> Heap<'_, W> {
     pub(super) fn activate(&self, page: u32, class: u32) {
-        for k in 1..page_units(class) {
+        let (units, cap) = (
+            self.geometry().page_units(class),
+            self.geometry().blocks_per_page(class),
+        );
+        for k in 1..units {
             let tail = &self.descs[(page + k) as usize];
             tail.span.store(k, Ordering::Relaxed);
             tail.kind.store(KIND_CLASS_TAIL, Ordering::Release);
         }
-        let cap = blocks_per_page(class);
         self.bitmap(page).fill(cap);
-        self.counters.take_units(page_units(class) as u64);
+        self.counters.take_units(units as u64);
         self.descs[page as usize].activate(class, cap);
         Counters::bump(&self.counters.pages_activated, 1);
     }
@@ -61,7 +64,7 @@ impl<W: Word> Heap<'_, W> {
     fn settle_here(&self, page: u32, a: Avail, slot: u32) {
         let d = &self.descs[page as usize];
         let Kind::Class(class) = d.kind() else { return };
-        let cap = blocks_per_page(class);
+        let cap = self.geometry().blocks_per_page(class);
         if a.free >= cap as i64 && d.try_retire(cap, true) {
             self.release_page(page, class);
         } else if a.free >= list_threshold(cap) as i64 && d.unfloat() {
@@ -71,7 +74,7 @@ impl<W: Word> Heap<'_, W> {
 
     /// Gives a retired page's units back to the page map.
     pub(super) fn release_page(&self, page: u32, class: u32) {
-        let units = page_units(class);
+        let units = self.geometry().page_units(class);
         for p in page..page + units {
             let d = &self.descs[p as usize];
             d.state.store(STATE_NONE, Ordering::Relaxed);
@@ -112,7 +115,7 @@ impl<W: Word> Heap<'_, W> {
                     continue;
                 }
                 let list = self.list(class, slot);
-                let cap = blocks_per_page(class);
+                let cap = self.geometry().blocks_per_page(class);
                 let mut kept = 0u32; // private chain through `next`, page + 1
                 while let Some(p) = list.pop(self.next_of()) {
                     let d = &self.descs[p as usize];
@@ -171,7 +174,9 @@ impl<W: Word> Heap<'_, W> {
                 let page = cur - 1;
                 let d = &self.descs[page as usize];
                 let a = d.now();
-                let empty = a.live && !a.floating && a.free >= blocks_per_page(class) as i64;
+                let empty = a.live
+                    && !a.floating
+                    && a.free >= self.geometry().blocks_per_page(class) as i64;
                 if empty
                     && cache
                         .compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Relaxed)

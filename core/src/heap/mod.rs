@@ -47,7 +47,7 @@ use crate::layout::Layout;
 use crate::page::PageDesc;
 use crate::page_list::PageList;
 use crate::page_map::PageMap;
-use crate::size_class::{class_size, BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
+use crate::size_class::{class_size, Geometry, BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
 use crate::stats::{Counters, Counts, Stats, Tallies};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::word::Word;
@@ -125,6 +125,15 @@ impl Placement {
     /// need. Threads then contend for the same page-map words when they
     /// claim pages at once: for a host pool's few threads, not a kernel's.
     pub const CLASS_PAGES_LOW: u64 = 2;
+    /// Class pages of about 16 blocks ([`Geometry::SMALL`]) instead of
+    /// about 256: one 64 KiB unit for every class up to 4 KiB, 1 MiB only
+    /// for the 64 KiB class. Every slot keeps a current page per class it
+    /// serves, so with 256-block pages a host pool's few threads left most
+    /// of their pages' memory unused. Host heaps only: the GPU's paths keep
+    /// the standard geometry as constants and ignore this bit, so a heap a
+    /// kernel uses must never set it. Set before the heap's first class
+    /// page (the geometry is read off every page's class).
+    pub const SMALL_CLASS_PAGES: u64 = 4;
 }
 
 /// A heap over a metadata region and a data region.
@@ -309,6 +318,13 @@ impl<'a, W: Word> Heap<'a, W> {
     #[inline(always)]
     fn placement(&self) -> u64 {
         self.counters.placement.load(Ordering::Relaxed)
+    }
+
+    /// The length of this heap's class pages ([`Placement::SMALL_CLASS_PAGES`]).
+    /// On the GPU always [`Geometry::STANDARD`], a constant.
+    #[inline(always)]
+    pub fn geometry(&self) -> Geometry {
+        Counters::geometry(self.counters)
     }
 
     /// Free pages right below the page limit (a snapshot): a request that

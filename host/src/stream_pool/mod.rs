@@ -102,11 +102,13 @@ pub struct PoolConfig {
     /// Bytes [`Pool::synchronize`] leaves mapped (CUDA's release threshold).
     pub release_threshold: usize,
     /// How the heap places blocks ([`Placement`] bits). The default, best
-    /// fit for spans and size-class pages packed low, keeps the memory
-    /// mapped close to what is in use for blocks of many sizes; it also
-    /// hands a stream memory that another stream freed a moment ago
-    /// sooner, with a wait for that stream's work on the device. 0 spreads
-    /// threads over the heap, first fit from each one's own part.
+    /// fit for spans, size-class pages packed low and small class pages
+    /// (about 16 blocks each, so a thread's current page per class holds
+    /// little unused memory), keeps the memory mapped close to what is in
+    /// use for blocks of many sizes; it also hands a stream memory that
+    /// another stream freed a moment ago sooner, with a wait for that
+    /// stream's work on the device. 0 spreads threads over the heap, first
+    /// fit from each one's own part, with the GPU heaps' 256-block pages.
     pub placement: u64,
     /// Create memory that other processes can map
     /// ([`Pool::export_block`]). [`Pool::new`] then makes its memory
@@ -140,7 +142,9 @@ impl PoolConfig {
             release_threshold: usize::MAX,
             stream_cache_limit: 64 << 20,
             cache_limit: 256 << 20,
-            placement: Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW,
+            placement: Placement::BEST_FIT_SPANS
+                | Placement::CLASS_PAGES_LOW
+                | Placement::SMALL_CLASS_PAGES,
             shareable: false,
             graph: false,
             capture_check: false,

@@ -4,7 +4,7 @@ use super::Pool;
 use crate::backend::Backend;
 use crate::snapshot::{Extent, Holder, PageRun, Snapshot, StreamHold};
 use cuheap_core::page::{decode, decode_kind, Kind};
-use cuheap_core::size_class::{blocks_per_page, class_size, page_units, PAGE_SIZE};
+use cuheap_core::size_class::{class_size, PAGE_SIZE};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
@@ -51,7 +51,7 @@ impl<B: Backend> Pool<B> {
         let mappings = self.region.mappings();
         let mapped = self.region.mapped();
         let pages_mapped = (mapped / PAGE_SIZE).min(heap.page_count() as usize);
-        let descs = heap.descs();
+        let (descs, geo) = (heap.descs(), heap.geometry());
         let mut runs: Vec<PageRun> = Vec::new();
         let mut i = 0usize;
         while i < pages_mapped {
@@ -64,10 +64,10 @@ impl<B: Backend> Pool<B> {
                     if (c as usize) < cuheap_core::CLASS_COUNT
                         && decode(d.avail.load(Ordering::Acquire)).live =>
                 {
-                    let capacity = blocks_per_page(c);
+                    let capacity = geo.blocks_per_page(c);
                     let free = decode(d.avail.load(Ordering::Acquire)).free;
                     let used = (capacity as i64 - free.max(0)).max(0) as u32;
-                    let units = page_units(c);
+                    let units = geo.page_units(c);
                     // Read apart while calls run: kept consistent.
                     let live = self.live.count_page(i as u32).min(used);
                     let cached = cached_on_page.get(&(i as u32)).copied().unwrap_or(0);
