@@ -5,6 +5,7 @@
 
 use crate::page::PageDesc;
 use crate::page_map::PageMap;
+use crate::run_index::RunIndex;
 use crate::size_class::{BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
 use crate::stats::{Counters, Tallies};
 
@@ -66,6 +67,13 @@ impl Layout {
             bitmaps,
             meta_bytes,
         }
+    }
+
+    /// Bytes of a host heap's index of free runs ([`RunIndex`]), after
+    /// the metadata: a heap that keeps one ([`Heap::index_runs`](crate::Heap::index_runs))
+    /// has [`Layout::meta_bytes`] plus these.
+    pub const fn run_index_bytes(&self) -> usize {
+        up(RunIndex::words(self.page_count) * 4)
     }
 
     /// Bytes of the data region.

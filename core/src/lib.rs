@@ -37,6 +37,7 @@ pub mod owned;
 pub mod page;
 pub mod page_list;
 pub mod page_map;
+pub mod run_index;
 pub mod size_class;
 pub mod stats;
 pub mod sync;

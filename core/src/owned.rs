@@ -31,7 +31,8 @@ impl<W: Word> OwnedHeap<W> {
             return None;
         }
         let l = Layout::new(page_count, slots);
-        let meta = AllocLayout::from_size_align(l.meta_bytes, 128).ok()?;
+        // Room for an index of free runs ([`OwnedHeap::indexed`]).
+        let meta = AllocLayout::from_size_align(l.meta_bytes + l.run_index_bytes(), 128).ok()?;
         let data = AllocLayout::from_size_align(l.data_bytes(), PAGE_SIZE).ok()?;
         // SAFETY: both layouts have non-zero size (page_count, slots >= 1).
         let m = unsafe { alloc_zeroed(meta) };
@@ -56,6 +57,16 @@ impl<W: Word> OwnedHeap<W> {
             data,
             word: PhantomData,
         })
+    }
+
+    /// [`OwnedHeap::new`] with an index of free runs
+    /// ([`Heap::index_runs`]), as a host pool's heap has.
+    pub fn indexed(page_count: u32, slots: u32) -> Option<Self> {
+        let h = Self::new(page_count, slots)?;
+        // SAFETY: `new` sized the metadata for the index, and no one else
+        // holds the heap yet.
+        unsafe { h.heap().index_runs() };
+        Some(h)
     }
 
     pub fn heap(&self) -> Heap<'_, W> {

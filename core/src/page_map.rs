@@ -28,13 +28,22 @@
 //! the run fails and searches again. A stale "not full" or "not empty"
 //! only costs the load of the word.
 
+use crate::run_index::{Fit, RunIndex};
 use crate::sync::{AtomicU32, Ordering};
+
+/// Whether class pages on an indexed map take the lowest fit.
+const LOW: bool = true;
 
 /// A view of the page map's words and their summaries.
 pub struct PageMap<'a> {
     words: &'a [AtomicU32],
     full: &'a [AtomicU32],
     used: &'a [AtomicU32],
+    /// The index of free runs, on a host heap that keeps one: then every
+    /// claim and release goes through it, under its lock, and searches
+    /// read it instead of the words. Never on the GPU.
+    #[cfg(not(target_arch = "nvptx64"))]
+    runs: Option<RunIndex<'a>>,
 }
 
 #[inline(always)]
@@ -63,7 +72,56 @@ impl<'a> PageMap<'a> {
     /// Zeroed, all say every page is free.
     pub fn new(words: &'a [AtomicU32], summary: &'a [AtomicU32]) -> Self {
         let (full, used) = summary.split_at(summary.len() / 2);
-        Self { words, full, used }
+        Self {
+            words,
+            full,
+            used,
+            #[cfg(not(target_arch = "nvptx64"))]
+            runs: None,
+        }
+    }
+
+    /// The index of free runs, if the heap keeps one (never on the GPU,
+    /// where this is a constant `None` and the indexed paths vanish).
+    #[inline(always)]
+    fn runs(&self) -> Option<&RunIndex<'a>> {
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            self.runs.as_ref()
+        }
+        #[cfg(target_arch = "nvptx64")]
+        {
+            None
+        }
+    }
+
+    /// This view with its heap's index of free runs (see [`RunIndex`]).
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn with_runs(self, runs: RunIndex<'a>) -> Self {
+        Self {
+            runs: Some(runs),
+            ..self
+        }
+    }
+
+    /// Rebuilds the index of free runs from the words: every maximal run
+    /// of free pages below `pages`. Call only while no claim or release
+    /// runs.
+    pub fn rebuild_runs(&self, pages: u32) {
+        let Some(r) = self.runs() else { return };
+        r.clear();
+        let mut p = 0;
+        while p < pages {
+            if self.is_set(p) {
+                p += 1;
+                continue;
+            }
+            let start = p;
+            while p < pages && !self.is_set(p) {
+                p += 1;
+            }
+            r.insert(start, p - start);
+        }
     }
 
     /// Rebuilds the `used` summary from the words; call only while no
@@ -189,6 +247,9 @@ impl<'a> PageMap<'a> {
     /// to `limit`: scans from `hint` to the limit, then from the floor.
     #[inline(never)]
     pub fn claim_one_within(&self, hint: u32, floor: u32, limit: u32) -> Option<u32> {
+        if let Some(r) = self.runs() {
+            return self.claim_indexed(r, 1, 1, floor, limit, LOW);
+        }
         let nwords = limit.div_ceil(32);
         if nwords == 0 {
             return None;
@@ -262,6 +323,9 @@ impl<'a> PageMap<'a> {
     ) -> Option<u32> {
         if len == 0 || len > limit {
             return None;
+        }
+        if let Some(r) = self.runs() {
+            return self.claim_indexed(r, len, align, floor, limit, LOW);
         }
         let floor = floor.min(limit - len);
         let hint = floor + (hint.saturating_sub(floor)) % (limit - floor);
@@ -343,6 +407,9 @@ impl<'a> PageMap<'a> {
         if len == 0 || floor as u64 + len as u64 > limit as u64 {
             return None;
         }
+        if let Some(r) = self.runs() {
+            return self.claim_indexed(r, len, 1, floor, limit, false);
+        }
         loop {
             let at = self.find_best(len, floor, limit)?;
             match self.try_claim(at, len) {
@@ -414,6 +481,24 @@ impl<'a> PageMap<'a> {
     /// a conflict gives back what it took. `Err` carries the first page of
     /// the range found in use.
     pub fn try_claim(&self, start: u32, len: u32) -> Result<(), u32> {
+        if let Some(r) = self.runs() {
+            if len == 0 {
+                return Ok(());
+            }
+            return r.locked(|| {
+                if let Some(used) = (start..start + len).find(|&p| self.is_set(p)) {
+                    return Err(used);
+                }
+                let from = start - self.free_below(start);
+                let fit = Fit {
+                    start: from,
+                    run: r.len_of(from),
+                    at: start,
+                };
+                self.take(r, fit, len);
+                Ok(())
+            });
+        }
         let mut p = start;
         while p < start + len {
             let from = p % 32;
@@ -438,13 +523,101 @@ impl<'a> PageMap<'a> {
 
     /// Marks pages `start..start + len` free.
     pub fn release_run(&self, start: u32, len: u32) {
+        if let Some(r) = self.runs() {
+            r.locked(|| {
+                self.clear_bits(start, len);
+                // Merge with the free runs on either side.
+                let (mut from, mut end) = (start, start + len);
+                if from > 0 && !self.is_set(from - 1) {
+                    from = r.start_of(from - 1);
+                    r.remove(from);
+                }
+                if end < r.pages() && !self.is_set(end) {
+                    end += r.remove(end);
+                }
+                r.insert(from, end - from);
+            });
+            return;
+        }
+        self.clear_bits(start, len);
+    }
+
+    /// Clears the bits of pages `start..start + len` (in use before).
+    fn clear_bits(&self, start: u32, len: u32) {
+        self.change_bits(start, len, false)
+    }
+
+    /// Claims `len` pages at a multiple of `align` in `floor..limit` by
+    /// best fit, through the index (under its lock).
+    fn claim_indexed(
+        &self,
+        r: &RunIndex<'_>,
+        len: u32,
+        align: u32,
+        floor: u32,
+        limit: u32,
+        low: bool,
+    ) -> Option<u32> {
+        if len == 0 || floor as u64 + len as u64 > limit as u64 {
+            return None;
+        }
+        r.locked(|| {
+            let found = if low {
+                None
+            } else {
+                r.find(len, align, floor, limit)
+            };
+            let fit = found.or_else(|| {
+                // Runs the index's walk left unread: the map itself (no
+                // claim or release runs while the lock is held).
+                let at = match (low, align) {
+                    (false, 1) => self.find_best(len, floor, limit)?,
+                    _ => self.find_run(floor.next_multiple_of(align), len, align, limit)?,
+                };
+                let start = at - self.free_below(at);
+                Some(Fit {
+                    start,
+                    run: r.len_of(start),
+                    at,
+                })
+            })?;
+            self.take(r, fit, len);
+            Some(fit.at)
+        })
+    }
+
+    /// Claims `len` pages at `fit.at` in the free run `fit`, and indexes
+    /// what is left of the run on either side (under the index's lock).
+    fn take(&self, r: &RunIndex<'_>, fit: Fit, len: u32) {
+        r.remove(fit.start);
+        self.set_bits(fit.at, len);
+        r.insert(fit.start, fit.at - fit.start);
+        r.insert(fit.at + len, fit.start + fit.run - fit.at - len);
+    }
+
+    /// Sets the bits of pages `start..start + len` (free before).
+    fn set_bits(&self, start: u32, len: u32) {
+        self.change_bits(start, len, true)
+    }
+
+    /// Sets (`claim`) or clears the bits of pages `start..start + len`,
+    /// a word at a time, keeping the summaries.
+    #[inline(always)]
+    fn change_bits(&self, start: u32, len: u32, claim: bool) {
         let mut p = start;
         while p < start + len {
             let from = p % 32;
             let n = (32 - from).min(start + len - p);
             let m = run_mask(from, n);
-            let old = self.words[(p / 32) as usize].fetch_and(!m, Ordering::Release);
-            self.released(p / 32, old, m);
+            let cell = &self.words[(p / 32) as usize];
+            if claim {
+                let old = cell.fetch_or(m, Ordering::AcqRel);
+                debug_assert_eq!(old & m, 0, "page {p} claimed twice");
+                self.claimed(p / 32, old, m);
+            } else {
+                let old = cell.fetch_and(!m, Ordering::Release);
+                self.released(p / 32, old, m);
+            }
             p += n;
         }
     }
@@ -495,18 +668,129 @@ mod tests {
         (z(PageMap::words(pages)), z(PageMap::summary_words(pages)))
     }
 
+    /// Numbers below `n`, from a xorshift seeded with `seed`.
+    fn rng(mut x: u64) -> impl FnMut(u32) -> u32 {
+        move |n: u32| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as u32
+        }
+    }
+
+    /// Whether an indexed map's index holds exactly its maximal free runs
+    /// below `pages`.
+    fn index_is_exact(m: &PageMap<'_>, pages: u32) -> bool {
+        let mut got = Vec::new();
+        let linked = m.runs.as_ref().unwrap().runs(|s, l| got.push((s, l)));
+        got.sort();
+        let mut want = Vec::new();
+        let mut p = 0;
+        while p < pages {
+            let s = p;
+            while p < pages && !m.is_set(p) {
+                p += 1;
+            }
+            if p > s {
+                want.push((s, p - s));
+            } else {
+                p += 1;
+            }
+        }
+        linked && got == want
+    }
+
+    /// An indexed map against a page-by-page model: random claims of every
+    /// kind (best fit, aligned and single pages, given ranges) and releases
+    /// that merge with their neighbours. After each step the index holds
+    /// exactly the maximal free runs, every claim is of free pages, best
+    /// fit takes a run of the shortest length's bucket, and a search fails
+    /// only when nothing fits.
+    #[test]
+    fn an_indexed_map_keeps_its_runs_and_fits_best() {
+        use crate::run_index::{bucket, RunIndex};
+        let mut rnd = rng(0x2545_F491_4F6C_DD1Du64);
+        for round in 0..if cfg!(miri) { 2 } else { 40 } {
+            let pages = 1 + rnd(if cfg!(miri) { 200 } else { 2000 });
+            let (w, f) = zeroed(pages);
+            let z: Vec<AtomicU32> = (0..RunIndex::words(pages))
+                .map(|_| AtomicU32::new(0))
+                .collect();
+            let m = PageMap::new(&w, &f).with_runs(RunIndex::new(&z, pages));
+            m.rebuild_runs(pages);
+            let mut used = std::vec![false; pages as usize];
+            // Blocks claimed so far: (start, len).
+            let mut live: Vec<(u32, u32)> = Vec::new();
+            let steps = if cfg!(miri) { 60 } else { 600 };
+            for _ in 0..steps {
+                let scale = [4, 40, 400][round % 3];
+                let len = 1 + rnd(scale);
+                let got = match rnd(5) {
+                    0 if !live.is_empty() => {
+                        let (s, l) = live.swap_remove(rnd(live.len() as u32) as usize);
+                        m.release_run(s, l);
+                        used[s as usize..(s + l) as usize].fill(false);
+                        None
+                    }
+                    1 => {
+                        let s = rnd(pages);
+                        let l = len.min(pages - s);
+                        let free = (s..s + l).all(|q| !used[q as usize]);
+                        assert_eq!(m.try_claim(s, l).is_ok(), free);
+                        free.then_some((s, l))
+                    }
+                    2 => {
+                        let align = 1 << rnd(5);
+                        let at = m.claim_run_aligned(len, align, pages, 0);
+                        // Lowest aligned fit.
+                        let want = (0..pages)
+                            .step_by(align as usize)
+                            .find(|&a| a + len <= pages && (a..a + len).all(|q| !used[q as usize]));
+                        assert_eq!(at, want, "{len} pages at {align}");
+                        at.map(|a| (a, len))
+                    }
+                    _ => {
+                        // Best fit: the run's length is in the bucket of
+                        // the shortest run that holds `len`.
+                        let mut shortest = None;
+                        let mut a = 0;
+                        while a < pages {
+                            let e = (a..pages).find(|&q| used[q as usize]).unwrap_or(pages);
+                            if e - a >= len && shortest.is_none_or(|r| e - a < r) {
+                                shortest = Some(e - a);
+                            }
+                            a = e + 1;
+                        }
+                        let at = m.claim_best(len, 0, pages);
+                        assert_eq!(at.is_some(), shortest.is_some());
+                        if let Some(a) = at {
+                            let s =
+                                a - (0..a).rev().take_while(|&q| !used[q as usize]).count() as u32;
+                            let e = (a..pages).find(|&q| used[q as usize]).unwrap_or(pages);
+                            assert_eq!(s, a, "best fit starts its run");
+                            assert_eq!(bucket(e - s), bucket(shortest.unwrap()));
+                        }
+                        at.map(|a| (a, len))
+                    }
+                };
+                if let Some((s, l)) = got {
+                    assert!((s..s + l).all(|q| !used[q as usize]), "claimed twice");
+                    used[s as usize..(s + l) as usize].fill(true);
+                    live.push((s, l));
+                }
+                assert!((0..pages).all(|q| m.is_set(q) == used[q as usize]));
+                assert!(index_is_exact(&m, pages));
+                assert!(m.summary_is_exact());
+            }
+        }
+    }
+
     /// Random maps (runs of used and free pages of random lengths, so
     /// whole words and whole summary words of either occur), each search
     /// against a page-by-page reference.
     #[test]
     fn searches_agree_with_page_by_page_references() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rnd = |n: u32| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n as u64) as u32
-        };
+        let mut rnd = rng(0x9E37_79B9_7F4A_7C15u64);
         // Miri interprets every page-by-page reference: a few rounds there.
         for round in 0..if cfg!(miri) { 6 } else { 400 } {
             let pages = 1 + rnd(3000);

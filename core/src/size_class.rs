@@ -249,26 +249,28 @@ impl Geometry {
     /// [`PAGE_SIZE`] units in one page of `class`.
     #[inline(always)]
     pub const fn page_units(self, class: u32) -> u32 {
-        if (class as usize) >= CLASS_COUNT {
-            return 1;
-        }
-        if self.small {
-            SMALL_PAGE_UNITS[class as usize]
+        if (class as usize) < CLASS_COUNT {
+            if self.small {
+                SMALL_PAGE_UNITS[class as usize]
+            } else {
+                PAGE_UNITS[class as usize]
+            }
         } else {
-            PAGE_UNITS[class as usize]
+            1
         }
     }
 
     /// Blocks that fit in one page of `class`.
     #[inline(always)]
     pub const fn blocks_per_page(self, class: u32) -> u32 {
-        if (class as usize) >= CLASS_COUNT {
-            return 0;
-        }
-        if self.small {
-            SMALL_BLOCKS_PER_PAGE[class as usize]
+        if (class as usize) < CLASS_COUNT {
+            if self.small {
+                SMALL_BLOCKS_PER_PAGE[class as usize]
+            } else {
+                BLOCKS_PER_PAGE[class as usize]
+            }
         } else {
-            BLOCKS_PER_PAGE[class as usize]
+            0
         }
     }
 }

@@ -139,7 +139,12 @@ fn run<W: Word>(pages: u32, actions: Vec<Action>) {
 
 /// [`run`] with the heap's pages placed by `placement` (`Placement` bits).
 fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
-    let owned = OwnedHeap::<W>::new(pages, 3).unwrap();
+    // Best fit reads an index of free runs, as a host pool's heap keeps.
+    let owned = match placement & Placement::BEST_FIT_SPANS {
+        0 => OwnedHeap::<W>::new(pages, 3),
+        _ => OwnedHeap::<W>::indexed(pages, 3),
+    }
+    .unwrap();
     let heap = owned.heap();
     heap.set_placement(placement);
     // start address -> (footprint, fill byte)

@@ -3,6 +3,7 @@
 //! between live blocks shows up as a foreign id.
 #![cfg(not(loom))]
 
+use cuheap_core::heap::Placement;
 use cuheap_core::size_class::PAGE_SIZE;
 use cuheap_core::OwnedHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +17,26 @@ fn xorshift(s: &mut u64) -> u64 {
 }
 
 fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
-    let owned = OwnedHeap::<u64>::new(pages, slots).unwrap();
+    stress_placed(threads, ops, pages, max_size, slots, 0)
+}
+
+/// [`stress`] on a heap whose pages are placed by `placement`; with best
+/// fit, it keeps an index of free runs (a host pool's heap), which every
+/// claim and release then goes through under its lock.
+fn stress_placed(
+    threads: usize,
+    ops: usize,
+    pages: u32,
+    max_size: usize,
+    slots: u32,
+    placement: u64,
+) {
+    let owned = match placement & Placement::BEST_FIT_SPANS {
+        0 => OwnedHeap::<u64>::new(pages, slots),
+        _ => OwnedHeap::<u64>::indexed(pages, slots),
+    }
+    .unwrap();
+    owned.heap().set_placement(placement);
     let barrier = Barrier::new(threads);
     // Allocations served and refused, over all threads.
     let (served, refused) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -75,6 +95,11 @@ fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
     assert_eq!(k.failed_allocs, refused.load(Ordering::Relaxed));
     assert_eq!(k.out_of_memory, k.failed_allocs);
     assert_eq!((k.bytes_reserved, k.span_bytes), (s.bytes_reserved, 0));
+    // Every page is free again, in one run.
+    let a = heap
+        .alloc(pages as usize * PAGE_SIZE, 0)
+        .expect("the whole heap as one span");
+    heap.free(a, 0).unwrap();
     assert!(k.peak_bytes_reserved <= pages as u64 * PAGE_SIZE as u64);
 }
 
@@ -181,6 +206,16 @@ fn mixed_sizes_own_slots() {
 fn spans_and_exhaustion() {
     // Small heap with spans: threads run out of memory and recover.
     stress(4, 100_000, 24, 3 * PAGE_SIZE, 2);
+}
+
+/// A host pool's placement: spans and class pages claimed through the
+/// index of free runs by four threads at once, small pages, exhaustion.
+#[test]
+fn pool_placement_spans_and_exhaustion() {
+    let pool =
+        Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW | Placement::SMALL_CLASS_PAGES;
+    stress_placed(4, 100_000, 24, 3 * PAGE_SIZE, 2, pool);
+    stress_placed(4, 100_000, 256, 5 * PAGE_SIZE, 4, pool);
 }
 
 #[test]

@@ -156,6 +156,7 @@ fn trim_never_unmaps_a_live_block() {
 #[test]
 fn a_stale_allocation_cannot_claim_a_page_being_unmapped() {
     use cuheap_core::page_map::PageMap;
+    use cuheap_core::run_index::RunIndex;
     use cuheap_core::sync::AtomicU32;
     use cuheap_core::{Layout, PAGE_SIZE};
     use std::sync::Mutex;
@@ -173,19 +174,23 @@ fn a_stale_allocation_cannot_claim_a_page_being_unmapped() {
         let claimed = claimed.clone();
         pool.backend().on_unmap(move |at, _| {
             let l = Layout::new(h.page_count, h.slots);
-            // SAFETY: the pool's page map and its summary at this offset
-            // of its live host metadata, used only atomically.
-            let (words, full) = unsafe {
+            // SAFETY: the pool's page map, its summary and its index of
+            // free runs at these offsets of its live host metadata, used
+            // only atomically.
+            let (words, full, runs) = unsafe {
                 let at = (h.meta as usize + l.page_map) as *const AtomicU32;
                 let n = PageMap::words(h.page_count);
+                let runs = (h.meta as usize + l.meta_bytes) as *const AtomicU32;
                 (
                     std::slice::from_raw_parts(at, n),
                     std::slice::from_raw_parts(at.add(n), PageMap::summary_words(h.page_count)),
+                    std::slice::from_raw_parts(runs, RunIndex::words(h.page_count)),
                 )
             };
             let page = ((at - base) as usize / PAGE_SIZE) as u32;
+            let map = PageMap::new(words, full).with_runs(RunIndex::new(runs, h.page_count));
             // The limit this allocation read: before the trim, all mapped.
-            if let Some(q) = PageMap::new(words, full).claim_one(page, pages as u32) {
+            if let Some(q) = map.claim_one(page, pages as u32) {
                 claimed.lock().unwrap().push(q);
             }
         });

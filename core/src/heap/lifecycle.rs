@@ -25,17 +25,15 @@ pub(super) const fn list_threshold(cap: u32) -> u32 {
 
 impl<W: Word> Heap<'_, W> {
     pub(super) fn activate(&self, page: u32, class: u32) {
-        let (units, cap) = (
-            self.geometry().page_units(class),
-            self.geometry().blocks_per_page(class),
-        );
-        for k in 1..units {
+        for k in 1..self.geometry().page_units(class) {
             let tail = &self.descs[(page + k) as usize];
             tail.span.store(k, Ordering::Relaxed);
             tail.kind.store(KIND_CLASS_TAIL, Ordering::Release);
         }
+        let cap = self.geometry().blocks_per_page(class);
         self.bitmap(page).fill(cap);
-        self.counters.take_units(units as u64);
+        self.counters
+            .take_units(self.geometry().page_units(class) as u64);
         self.descs[page as usize].activate(class, cap);
         Counters::bump(&self.counters.pages_activated, 1);
     }

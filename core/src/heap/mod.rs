@@ -47,6 +47,8 @@ use crate::layout::Layout;
 use crate::page::PageDesc;
 use crate::page_list::PageList;
 use crate::page_map::PageMap;
+#[cfg(not(target_arch = "nvptx64"))]
+use crate::run_index::RunIndex;
 use crate::size_class::{class_size, Geometry, BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
 use crate::stats::{Counters, Counts, Stats, Tallies};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -134,6 +136,9 @@ impl Placement {
     /// kernel uses must never set it. Set before the heap's first class
     /// page (the geometry is read off every page's class).
     pub const SMALL_CLASS_PAGES: u64 = 4;
+    /// Set by [`Heap::index_runs`] only (never through `set_placement`):
+    /// the heap keeps an index of free runs after its metadata.
+    pub(crate) const INDEXED: u64 = 1 << 63;
 }
 
 /// A heap over a metadata region and a data region.
@@ -212,10 +217,47 @@ impl<'a, W: Word> Heap<'a, W> {
         let map = PageMap::new(words, summary);
         // Only heaps that place spans by best fit keep the `used` summary
         // (see `without_used`); their searches, first fit included, read it.
-        match self.placement() & Placement::BEST_FIT_SPANS {
+        let map = match self.placement() & Placement::BEST_FIT_SPANS {
             0 => map.without_used(),
             _ => map,
+        };
+        #[cfg(not(target_arch = "nvptx64"))]
+        if self.placement() & Placement::INDEXED != 0 {
+            return map.with_runs(self.run_index());
         }
+        map
+    }
+
+    /// The index of free runs after the metadata (see
+    /// [`Heap::index_runs`]).
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn run_index(&self) -> RunIndex<'_> {
+        // The metadata ends with the bitmaps, at a 128-byte boundary.
+        let end = self.bitmaps.as_ptr() as usize + core::mem::size_of_val(self.bitmaps);
+        let at = end.next_multiple_of(128) as *const AtomicU32;
+        // SAFETY: `index_runs` set `INDEXED` only on a heap whose metadata
+        // goes on for `Layout::run_index_bytes` past its end, which its
+        // caller guaranteed, zeroed or built by it; zero is a valid atomic.
+        let cells = unsafe { core::slice::from_raw_parts(at, RunIndex::words(self.page_count)) };
+        RunIndex::new(cells, self.page_count)
+    }
+
+    /// Keeps an index of the page map's free runs from now on (see
+    /// [`RunIndex`]): best fit (spans, and class pages, which then go to
+    /// the shortest run that holds them, not the lowest) reads it instead
+    /// of walking the page map. For host heaps (a host pool); the GPU never
+    /// reads it.
+    ///
+    /// # Safety
+    ///
+    /// The heap's metadata region is at least [`Layout::meta_bytes`] plus
+    /// [`Layout::run_index_bytes`] long, and no other thread uses the heap
+    /// during this call.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub unsafe fn index_runs(&self) {
+        let bits = self.placement() | Placement::INDEXED;
+        self.counters.placement.store(bits, Ordering::Relaxed);
+        self.map().rebuild_runs(self.page_count);
     }
 
     /// [`Heap::from_handle`] from the handle's fields, as the out-of-line
@@ -311,6 +353,8 @@ impl<'a, W: Word> Heap<'a, W> {
     /// anyone): it brings the page-map summary that best fit reads up to
     /// date with the pages in use.
     pub fn set_placement(&self, bits: u64) {
+        let keep = self.placement() & Placement::INDEXED;
+        let bits = bits & !Placement::INDEXED | keep;
         self.counters.placement.store(bits, Ordering::Relaxed);
         self.map().rebuild_used();
     }

@@ -352,7 +352,8 @@ impl<B: Backend> Pool<B> {
         }
         let pages = (region.reserved() / PAGE_SIZE).min(u32::MAX as usize / 2) as u32;
         let layout = Layout::new(pages, SLOTS);
-        let meta = HostMeta::zeroed(layout.meta_bytes)?;
+        // With room for the index of free runs that best fit reads.
+        let meta = HostMeta::zeroed(layout.meta_bytes + layout.run_index_bytes())?;
         let handle = HeapHandle {
             meta: meta.ptr as usize as u64,
             data: region.base(),
@@ -400,6 +401,11 @@ impl<B: Backend> Pool<B> {
         }
         heap.set_limit(1);
         heap.set_placement(cfg.placement);
+        if cfg.placement & Placement::BEST_FIT_SPANS != 0 {
+            // SAFETY: the metadata has room for the index (above), and no
+            // one else has the pool yet.
+            unsafe { heap.index_runs() };
+        }
         pool.grow(cfg.initial.max(1))?;
         Ok(pool)
     }
