@@ -80,6 +80,18 @@ fn current_raw() -> Option<sys::CUcontext> {
     Some(c)
 }
 
+/// Makes `ctx` current on a thread that has no current context, as the
+/// CUDA runtime does at a thread's first call: a framework's worker thread
+/// (PyTorch's autograd thread) may reach the pool before any runtime call,
+/// and the driver calls under the pool's calls need a context. [`entry`]
+/// leaves the thread without one again when the call returns.
+pub(crate) fn bind_if_none(ctx: &CudaContext) -> Result<()> {
+    if current_raw().is_some_and(|c| c.is_null()) {
+        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+    }
+    Ok(())
+}
+
 /// Runs an entry point: its code, its error kept for
 /// [`cuheap_last_error`], a panic turned into [`CUHEAP_ERROR_INTERNAL`],
 /// and the caller's current context restored (the driver calls inside

@@ -8,6 +8,13 @@ use crate::pool::*;
 use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;
 
+/// The GPU tests run one at a time: some measure the device's free
+/// memory, which another test's pool would change meanwhile.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GPU.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn last() -> String {
     // SAFETY: a NUL-terminated string owned by this thread.
     unsafe { CStr::from_ptr(cuheap_last_error()) }
@@ -247,6 +254,7 @@ fn without_a_gpu_creation_says_so() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn the_pool_through_the_c_api() {
+    let _gpu = one_at_a_time();
     let ctx = device_context(0).unwrap();
     let s1 = ctx.new_stream().unwrap();
     let s2 = ctx.new_stream().unwrap();
@@ -374,6 +382,7 @@ fn the_pool_through_the_c_api() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn the_callers_context_is_restored() {
+    let _gpu = one_at_a_time();
     let _ctx = device_context(0).unwrap();
     let mut pool = null_mut();
     // SAFETY: clearing this thread's current context; valid out pointers.
@@ -396,6 +405,7 @@ fn the_callers_context_is_restored() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn the_device_heap_through_the_c_api() {
+    let _gpu = one_at_a_time();
     let _ctx = device_context(0).unwrap();
     let mut h = null_mut();
     // SAFETY: valid pointers; no kernel uses the heap.
@@ -441,6 +451,7 @@ fn the_device_heap_through_the_c_api() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn the_framework_hooks_share_one_pool_per_device() {
+    let _gpu = one_at_a_time();
     // SAFETY: the null stream lives as long as the process.
     unsafe {
         let a = cuheap_torch_alloc(4096, 0, null_mut());
@@ -480,12 +491,83 @@ fn the_framework_hooks_share_one_pool_per_device() {
     }
 }
 
+/// A thread with no current context (as PyTorch's autograd thread can
+/// reach the allocator before any runtime call) allocates and frees
+/// through the framework hooks and a pool of its own; the block is usable
+/// and the thread is left without a context, as it came.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_thread_without_a_context_allocates_through_the_hooks() {
+    let _gpu = one_at_a_time();
+    let ctx = device_context(0).unwrap();
+    let mut pool = null_mut();
+    // SAFETY: valid out pointer; the pool is destroyed below.
+    let rc = unsafe { cuheap_pool_create(std::ptr::null(), &mut pool) };
+    assert_eq!(rc, CUHEAP_OK, "{}", last());
+    let pool = pool as usize;
+    std::thread::spawn(move || {
+        let current = || {
+            let mut now: sys::CUcontext = std::ptr::dangling_mut();
+            // SAFETY: out-parameter.
+            unsafe { sys::cuCtxGetCurrent(&mut now) }.result().unwrap();
+            now
+        };
+        assert!(current().is_null(), "a new thread has no context");
+        const N: usize = 1 << 20;
+        // SAFETY: the null stream lives as long as the process; the pool
+        // outlives this thread.
+        let (a, b) = unsafe {
+            let a = cuheap_torch_alloc(N as isize, 0, null_mut());
+            assert!(!a.is_null(), "{}", last());
+            assert!(current().is_null(), "the hook left its context current");
+            let mut b = null_mut();
+            let rc = cuheap_pool_alloc(pool as *mut CuheapPool, N, null_mut(), &mut b);
+            assert_eq!(rc, CUHEAP_OK, "{}", last());
+            (a as u64, b as u64)
+        };
+        // Both blocks hold what is written to them.
+        ctx.bind_to_thread().unwrap();
+        for (p, byte) in [(a, 0x5a), (b, 0xa5)] {
+            let mut back = vec![0u8; N];
+            // SAFETY: live blocks of N bytes; synchronous copies.
+            unsafe {
+                cuheap_host::cudarc::driver::result::memset_d8_sync(p, byte, N).unwrap();
+                cuheap_host::cudarc::driver::result::memcpy_dtoh_sync(&mut back, p).unwrap();
+            }
+            assert!(back.iter().all(|&x| x == byte));
+        }
+        // SAFETY: clearing this thread's context; blocks from above.
+        unsafe {
+            sys::cuCtxSetCurrent(null_mut()).result().unwrap();
+            cuheap_torch_free(a as *mut c_void, N as isize, 0, null_mut());
+            assert_eq!(
+                cuheap_pool_free(pool as *mut CuheapPool, b as *mut c_void, null_mut()),
+                CUHEAP_OK,
+                "{}",
+                last()
+            );
+        }
+        assert!(current().is_null());
+    })
+    .join()
+    .unwrap();
+    // SAFETY: the pool from above, no block left.
+    let rc = unsafe { cuheap_pool_destroy(pool as *mut CuheapPool) };
+    assert_eq!(rc, CUHEAP_OK);
+    // The device pool the hooks share keeps no block of this test cached
+    // (the other hooks' test counts what is cached there).
+    // SAFETY: no output pointer.
+    let rc = unsafe { cuheap_device_pool_trim(0, 0, null_mut()) };
+    assert_eq!(rc, CUHEAP_OK, "{}", last());
+}
+
 /// A shareable pool's block goes through a socket pair and is mapped a
 /// second time (as another process would map it): the words written
 /// through the pool's address read back through the import's.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn a_block_goes_through_a_socket_and_maps_again() {
+    let _gpu = one_at_a_time();
     use std::os::fd::AsRawFd;
     let ctx = device_context(0).unwrap();
     let cfg = CuheapPoolConfig {
@@ -553,6 +635,7 @@ fn a_block_goes_through_a_socket_and_maps_again() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn a_graph_pool_through_the_c_api_goes_with_its_graph() {
+    let _gpu = one_at_a_time();
     let ctx = device_context(0).unwrap();
     let s = ctx.new_stream().unwrap();
     let free_memory = || {
