@@ -85,11 +85,25 @@ fn current_raw() -> Option<sys::CUcontext> {
 /// (PyTorch's autograd thread) may reach the pool before any runtime call,
 /// and the driver calls under the pool's calls need a context. [`entry`]
 /// leaves the thread without one again when the call returns.
+///
+/// Reads what [`entry`] found when the call began (no driver call here);
+/// outside an entry point, it asks the driver.
 pub(crate) fn bind_if_none(ctx: &CudaContext) -> Result<()> {
-    if current_raw().is_some_and(|c| c.is_null()) {
+    let none = match NONE_CURRENT.with(|n| n.get()) {
+        Some(none) => none,
+        None => current_raw().is_some_and(|c| c.is_null()),
+    };
+    if none {
         ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        NONE_CURRENT.with(|n| n.set(Some(false)));
     }
     Ok(())
+}
+
+thread_local! {
+    /// Within an entry point: whether the thread had no current context
+    /// when the call began (and none was bound since). `None` outside.
+    static NONE_CURRENT: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
 /// Runs an entry point: its code, its error kept for
@@ -99,7 +113,9 @@ pub(crate) fn bind_if_none(ctx: &CudaContext) -> Result<()> {
 pub(crate) fn entry(name: &str, f: impl FnOnce() -> Result<()>) -> c_int {
     let run = || {
         let before = current_raw();
+        let outer = NONE_CURRENT.with(|n| n.replace(before.map(|c| c.is_null())));
         let r = f();
+        NONE_CURRENT.with(|n| n.set(outer));
         if let Some(before) = before {
             if current_raw() != Some(before) {
                 // SAFETY: the context was current on this thread when the
@@ -118,6 +134,7 @@ pub(crate) fn entry(name: &str, f: impl FnOnce() -> Result<()>) -> c_int {
     match catch_unwind(AssertUnwindSafe(run)) {
         Ok(code) => code,
         Err(panic) => {
+            let _ = NONE_CURRENT.try_with(|n| n.set(None));
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
