@@ -111,18 +111,30 @@ thread_local! {
 /// and the caller's current context restored (the driver calls inside
 /// make the pool's context current).
 pub(crate) fn entry(name: &str, f: impl FnOnce() -> Result<()>) -> c_int {
+    /// Puts the thread's context and [`NONE_CURRENT`] back as the call
+    /// found them, on return and on a panic alike.
+    struct Restore {
+        before: Option<sys::CUcontext>,
+        outer: Option<bool>,
+    }
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = NONE_CURRENT.try_with(|n| n.set(self.outer));
+            if let Some(before) = self.before {
+                if current_raw() != Some(before) {
+                    // SAFETY: the context was current on this thread when
+                    // the call began.
+                    let _ = unsafe { sys::cuCtxSetCurrent(before) };
+                }
+            }
+        }
+    }
     let run = || {
         let before = current_raw();
         let outer = NONE_CURRENT.with(|n| n.replace(before.map(|c| c.is_null())));
+        let restore = Restore { before, outer };
         let r = f();
-        NONE_CURRENT.with(|n| n.set(outer));
-        if let Some(before) = before {
-            if current_raw() != Some(before) {
-                // SAFETY: the context was current on this thread when the
-                // call began.
-                let _ = unsafe { sys::cuCtxSetCurrent(before) };
-            }
-        }
+        drop(restore);
         match r {
             Ok(()) => CUHEAP_OK,
             Err(e) => {
@@ -134,7 +146,6 @@ pub(crate) fn entry(name: &str, f: impl FnOnce() -> Result<()>) -> c_int {
     match catch_unwind(AssertUnwindSafe(run)) {
         Ok(code) => code,
         Err(panic) => {
-            let _ = NONE_CURRENT.try_with(|n| n.set(None));
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())

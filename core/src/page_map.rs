@@ -110,18 +110,26 @@ impl<'a> PageMap<'a> {
     pub fn rebuild_runs(&self, pages: u32) {
         let Some(r) = self.runs() else { return };
         r.clear();
+        for (start, len) in self.free_runs(pages) {
+            r.insert(start, len);
+        }
+    }
+
+    /// The maximal runs of free pages below `pages`, as (start, length),
+    /// from the words, a page at a time (a snapshot; for rebuilds and
+    /// checks).
+    fn free_runs(&self, pages: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
         let mut p = 0;
-        while p < pages {
-            if self.is_set(p) {
+        core::iter::from_fn(move || {
+            while p < pages && self.is_set(p) {
                 p += 1;
-                continue;
             }
             let start = p;
             while p < pages && !self.is_set(p) {
                 p += 1;
             }
-            r.insert(start, p - start);
-        }
+            (p > start).then_some((start, p - start))
+        })
     }
 
     /// Rebuilds the `used` summary from the words; call only while no
@@ -485,6 +493,10 @@ impl<'a> PageMap<'a> {
             if len == 0 {
                 return Ok(());
             }
+            if start as u64 + len as u64 > r.pages() as u64 {
+                // Past the heap's last page: never free.
+                return Err(start.max(r.pages()));
+            }
             return r.locked(|| {
                 if let Some(used) = (start..start + len).find(|&p| self.is_set(p)) {
                     return Err(used);
@@ -523,6 +535,9 @@ impl<'a> PageMap<'a> {
 
     /// Marks pages `start..start + len` free.
     pub fn release_run(&self, start: u32, len: u32) {
+        if len == 0 {
+            return;
+        }
         if let Some(r) = self.runs() {
             r.locked(|| {
                 self.clear_bits(start, len);
@@ -622,6 +637,32 @@ impl<'a> PageMap<'a> {
         }
     }
 
+    /// Whether the index of free runs (if the map has one) holds exactly
+    /// the maximal free runs below `pages`, each once, on its length's
+    /// list. Call only while no claim or release runs.
+    pub fn runs_are_exact(&self, pages: u32) -> bool {
+        let Some(r) = self.runs() else { return true };
+        let mut free_runs = 0u64;
+        for (start, len) in self.free_runs(pages) {
+            if r.len_of(start) != len || r.start_of(start + len - 1) != start {
+                return false;
+            }
+            free_runs += 1;
+        }
+        let mut indexed = 0u64;
+        let linked = r.runs(|start, len| {
+            indexed += 1;
+            // Each listed run is free and maximal.
+            let free = (start..start + len).all(|q| !self.is_set(q));
+            let maximal = (start == 0 || self.is_set(start - 1))
+                && (start + len == pages || self.is_set(start + len));
+            if !(free && maximal) {
+                indexed = u64::MAX / 2;
+            }
+        });
+        linked && indexed == free_runs
+    }
+
     /// Whether the summaries are exact where they must be: no word called
     /// full that is not, none called empty that is not. Call only while
     /// no claim or release runs. (The reverse, a full or an empty word the
@@ -668,6 +709,27 @@ mod tests {
         (z(PageMap::words(pages)), z(PageMap::summary_words(pages)))
     }
 
+    /// [`zeroed`] with a zeroed index of free runs beside.
+    fn zeroed_indexed(pages: u32) -> (Vec<AtomicU32>, Vec<AtomicU32>, Vec<AtomicU32>) {
+        let (w, f) = zeroed(pages);
+        let z = (0..RunIndex::words(pages))
+            .map(|_| AtomicU32::new(0))
+            .collect();
+        (w, f, z)
+    }
+
+    /// The indexed map over [`zeroed_indexed`]'s cells, its index built.
+    fn indexed<'a>(
+        w: &'a [AtomicU32],
+        f: &'a [AtomicU32],
+        z: &'a [AtomicU32],
+        pages: u32,
+    ) -> PageMap<'a> {
+        let m = PageMap::new(w, f).with_runs(RunIndex::new(z, pages));
+        m.rebuild_runs(pages);
+        m
+    }
+
     /// Numbers below `n`, from a xorshift seeded with `seed`.
     fn rng(mut x: u64) -> impl FnMut(u32) -> u32 {
         move |n: u32| {
@@ -678,28 +740,6 @@ mod tests {
         }
     }
 
-    /// Whether an indexed map's index holds exactly its maximal free runs
-    /// below `pages`.
-    fn index_is_exact(m: &PageMap<'_>, pages: u32) -> bool {
-        let mut got = Vec::new();
-        let linked = m.runs.as_ref().unwrap().runs(|s, l| got.push((s, l)));
-        got.sort();
-        let mut want = Vec::new();
-        let mut p = 0;
-        while p < pages {
-            let s = p;
-            while p < pages && !m.is_set(p) {
-                p += 1;
-            }
-            if p > s {
-                want.push((s, p - s));
-            } else {
-                p += 1;
-            }
-        }
-        linked && got == want
-    }
-
     /// An indexed map against a page-by-page model: random claims of every
     /// kind (best fit, aligned and single pages, given ranges) and releases
     /// that merge with their neighbours. After each step the index holds
@@ -708,16 +748,12 @@ mod tests {
     /// only when nothing fits.
     #[test]
     fn an_indexed_map_keeps_its_runs_and_fits_best() {
-        use crate::run_index::{bucket, RunIndex};
+        use crate::run_index::bucket;
         let mut rnd = rng(0x2545_F491_4F6C_DD1Du64);
         for round in 0..if cfg!(miri) { 2 } else { 40 } {
             let pages = 1 + rnd(if cfg!(miri) { 200 } else { 2000 });
-            let (w, f) = zeroed(pages);
-            let z: Vec<AtomicU32> = (0..RunIndex::words(pages))
-                .map(|_| AtomicU32::new(0))
-                .collect();
-            let m = PageMap::new(&w, &f).with_runs(RunIndex::new(&z, pages));
-            m.rebuild_runs(pages);
+            let (w, f, z) = zeroed_indexed(pages);
+            let m = indexed(&w, &f, &z, pages);
             let mut used = std::vec![false; pages as usize];
             // Blocks claimed so far: (start, len).
             let mut live: Vec<(u32, u32)> = Vec::new();
@@ -779,10 +815,39 @@ mod tests {
                     live.push((s, l));
                 }
                 assert!((0..pages).all(|q| m.is_set(q) == used[q as usize]));
-                assert!(index_is_exact(&m, pages));
+                assert!(m.runs_are_exact(pages));
                 assert!(m.summary_is_exact());
             }
         }
+    }
+
+    /// The edges of an indexed map: releasing no pages inside a free run
+    /// changes nothing, a claim past the last page is refused, and a panic
+    /// under the index's lock gives the lock back.
+    #[test]
+    fn an_indexed_map_refuses_its_edges_and_survives_a_panic() {
+        let pages = 40;
+        let (w, f, z) = zeroed_indexed(pages);
+        let m = indexed(&w, &f, &z, pages);
+        m.release_run(10, 0);
+        assert!(m.runs_are_exact(pages));
+        assert_eq!(m.try_claim(36, 8), Err(40), "past the last page");
+        assert!(m.runs_are_exact(pages));
+        assert_eq!(m.try_claim(36, 4), Ok(()));
+        #[cfg(not(miri))]
+        {
+            let r = m.runs().unwrap();
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                r.locked(|| panic!("inside the lock"))
+            }));
+            assert!(caught.is_err());
+        }
+        assert_eq!(
+            m.claim_best(36, 0, pages),
+            Some(0),
+            "the lock was given back"
+        );
+        assert!(m.runs_are_exact(pages));
     }
 
     /// Random maps (runs of used and free pages of random lengths, so

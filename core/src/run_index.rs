@@ -103,6 +103,8 @@ impl<'a> RunIndex<'a> {
     }
 
     /// Runs `f` holding the index's lock.
+    /// The lock is given back even if `f` panics (a host caller that
+    /// catches the panic must not leave every later claim spinning).
     #[inline]
     pub fn locked<T>(&self, f: impl FnOnce() -> T) -> T {
         while self
@@ -114,9 +116,14 @@ impl<'a> RunIndex<'a> {
                 spin_hint();
             }
         }
-        let out = f();
-        self.lock.store(0, Ordering::Release);
-        out
+        struct Unlock<'l>(&'l AtomicU32);
+        impl Drop for Unlock<'_> {
+            fn drop(&mut self) {
+                self.0.store(0, Ordering::Release);
+            }
+        }
+        let _unlock = Unlock(self.lock);
+        f()
     }
 
     // The cells are atomics only so that the metadata stays one region of
@@ -131,15 +138,16 @@ impl<'a> RunIndex<'a> {
         c[i as usize].store(v, Ordering::Relaxed)
     }
 
-    /// Field `f` of page `p`.
+    /// Field `f` of page `p` (indexed in `usize`: `4 * p` overflows `u32`
+    /// from 2^30 pages on).
     #[inline]
     fn at(&self, p: u32, f: u32) -> u32 {
-        Self::get(self.cells, 4 * p + f)
+        self.cells[4 * p as usize + f as usize].load(Ordering::Relaxed)
     }
 
     #[inline]
     fn put(&self, p: u32, f: u32, v: u32) {
-        Self::set(self.cells, 4 * p + f, v)
+        self.cells[4 * p as usize + f as usize].store(v, Ordering::Relaxed)
     }
 
     /// Empties the index (under the lock, or before anyone uses it).

@@ -190,7 +190,9 @@ fn a_stale_allocation_cannot_claim_a_page_being_unmapped() {
             let page = ((at - base) as usize / PAGE_SIZE) as u32;
             let map = PageMap::new(words, full).with_runs(RunIndex::new(runs, h.page_count));
             // The limit this allocation read: before the trim, all mapped.
-            if let Some(q) = map.claim_one(page, pages as u32) {
+            // From the chunk being unmapped up (an indexed map takes the
+            // lowest free page above the floor, whatever the hint).
+            if let Some(q) = map.claim_one_within(page, page, pages as u32) {
                 claimed.lock().unwrap().push(q);
             }
         });

@@ -15,6 +15,9 @@ impl<W: Word> Heap<'_, W> {
         if !map.summary_is_exact() {
             return Err("page-map summary out of date: a word called full or empty that is not");
         }
+        if !map.runs_are_exact(self.page_count) {
+            return Err("the index of free runs differs from the page map's free runs");
+        }
         let mut p = 0u32;
         while p < self.page_count {
             let d = &self.descs[p as usize];

@@ -243,10 +243,11 @@ impl<'a, W: Word> Heap<'a, W> {
     }
 
     /// Keeps an index of the page map's free runs from now on (see
-    /// [`RunIndex`]): best fit (spans, and class pages, which then go to
-    /// the shortest run that holds them, not the lowest) reads it instead
-    /// of walking the page map. For host heaps (a host pool); the GPU never
-    /// reads it.
+    /// [`RunIndex`]): best fit for spans reads it instead of walking the
+    /// page map. Class pages still take the lowest free pages that fit (a
+    /// scan of the map under the index's lock), whatever
+    /// [`Placement::CLASS_PAGES_LOW`] says. For host heaps (a host pool);
+    /// the GPU never reads it.
     ///
     /// # Safety
     ///

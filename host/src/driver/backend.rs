@@ -324,12 +324,19 @@ impl Backend for CudaBackend {
         })
     }
 
+    /// One driver call, with no context bound first: a thread with no
+    /// current context (a framework's worker thread before its first
+    /// runtime call) gets the pool's bound and the call made again.
     fn is_capturing(&self, stream: &Arc<CudaStream>) -> Result<bool> {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: out-parameter; a live stream of this context.
-        unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
-            .result()
-            .during("cuStreamIsCapturing")?;
+        let ask = |status: &mut _| unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), status) };
+        let mut r = ask(&mut status);
+        if r == sys::CUresult::CUDA_ERROR_INVALID_CONTEXT {
+            self.bind()?;
+            r = ask(&mut status);
+        }
+        r.result().during("cuStreamIsCapturing")?;
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
