@@ -36,14 +36,12 @@ pub fn device_pool(device: c_int) -> Result<&'static CuheapPool> {
     let p = slot.load(Ordering::Acquire);
     // SAFETY: a non-null slot holds a leaked pool that is never freed.
     if let Some(p) = unsafe { p.as_ref() } {
-        p.bind()?;
         return Ok(p);
     }
     let _once = CREATE.lock().unwrap_or_else(|p| p.into_inner());
     let p = slot.load(Ordering::Acquire);
     // SAFETY: as above.
     if let Some(p) = unsafe { p.as_ref() } {
-        p.bind()?;
         return Ok(p);
     }
     let ctx = device_context(device as usize)?;
@@ -60,7 +58,6 @@ pub fn device_pool(device: c_int) -> Result<&'static CuheapPool> {
         pool as *const CuheapPool as *mut CuheapPool,
         Ordering::Release,
     );
-    pool.bind()?;
     Ok(pool)
 }
 

@@ -80,46 +80,20 @@ fn current_raw() -> Option<sys::CUcontext> {
     Some(c)
 }
 
-/// Makes `ctx` current on a thread that has no current context, as the
-/// CUDA runtime does at a thread's first call: a framework's worker thread
-/// (PyTorch's autograd thread) may reach the pool before any runtime call,
-/// and the driver calls under the pool's calls need a context. [`entry`]
-/// leaves the thread without one again when the call returns.
-///
-/// Reads what [`entry`] found when the call began (no driver call here);
-/// outside an entry point, it asks the driver.
-pub(crate) fn bind_if_none(ctx: &CudaContext) -> Result<()> {
-    let none = match NONE_CURRENT.with(|n| n.get()) {
-        Some(none) => none,
-        None => current_raw().is_some_and(|c| c.is_null()),
-    };
-    if none {
-        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-        NONE_CURRENT.with(|n| n.set(Some(false)));
-    }
-    Ok(())
-}
-
-thread_local! {
-    /// Within an entry point: whether the thread had no current context
-    /// when the call began (and none was bound since). `None` outside.
-    static NONE_CURRENT: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-}
-
 /// Runs an entry point: its code, its error kept for
 /// [`cuheap_last_error`], a panic turned into [`CUHEAP_ERROR_INTERNAL`],
 /// and the caller's current context restored (the driver calls inside
 /// make the pool's context current).
 pub(crate) fn entry(name: &str, f: impl FnOnce() -> Result<()>) -> c_int {
-    /// Puts the thread's context and [`NONE_CURRENT`] back as the call
-    /// found them, on return and on a panic alike.
+    /// Puts the thread's context back as the call found it (none, on a
+    /// framework's worker thread that reached the pool before any runtime
+    /// call: the pool's driver calls bind its context), on return and on a
+    /// panic alike.
     struct Restore {
         before: Option<sys::CUcontext>,
-        outer: Option<bool>,
     }
     impl Drop for Restore {
         fn drop(&mut self) {
-            let _ = NONE_CURRENT.try_with(|n| n.set(self.outer));
             if let Some(before) = self.before {
                 if current_raw() != Some(before) {
                     // SAFETY: the context was current on this thread when
@@ -130,9 +104,9 @@ pub(crate) fn entry(name: &str, f: impl FnOnce() -> Result<()>) -> c_int {
         }
     }
     let run = || {
-        let before = current_raw();
-        let outer = NONE_CURRENT.with(|n| n.replace(before.map(|c| c.is_null())));
-        let restore = Restore { before, outer };
+        let restore = Restore {
+            before: current_raw(),
+        };
         let r = f();
         drop(restore);
         match r {

@@ -1,7 +1,7 @@
 //! `cuheap_pool_*`: the host pool on CUDA streams (`cudaStream_t` and
 //! `CUstream` are the same handle).
 
-use crate::{bind_if_none, current_context, entry, invalid, put, write_snapshot};
+use crate::{current_context, entry, invalid, put, write_snapshot};
 use cuheap_host::cudarc::driver::{sys, CudaContext, CudaStream};
 use cuheap_host::{Context, CudaBackend, Exported, Imported, Pool, PoolConfig, PoolStats, Result};
 use std::cell::RefCell;
@@ -171,7 +171,6 @@ impl CuheapPool {
                  thread: pass the stream itself",
             );
         }
-        self.bind()?;
         let epoch = self.epoch.load(Ordering::Acquire);
         LAST_STREAM.with(|last| {
             let mut last = last.borrow_mut();
@@ -197,12 +196,6 @@ impl CuheapPool {
         })
     }
 
-    /// Makes the pool's context current on a thread that has none (see
-    /// [`bind_if_none`]).
-    pub(crate) fn bind(&self) -> Result<()> {
-        bind_if_none(&self.ctx)
-    }
-
     /// `size` bytes for work on `stream` (256-byte aligned).
     pub(crate) fn alloc(&self, size: usize, stream: sys::CUstream) -> Result<u64> {
         self.with_stream(stream, |s| self.pool.alloc(size, s))
@@ -219,7 +212,6 @@ impl CuheapPool {
     /// Forgets `stream`: blocks cached on it go back to the pool once the
     /// device has finished its work.
     pub(crate) fn release_stream(&self, stream: sys::CUstream) -> Result<()> {
-        self.bind()?;
         let key = stream as usize;
         // Every thread looks its stream up again from now on.
         self.epoch.fetch_add(1, Ordering::AcqRel);
@@ -274,10 +266,7 @@ pub unsafe extern "C" fn cuheap_pool_create(
 unsafe fn pool_ref<'a>(pool: *const CuheapPool) -> Result<&'a CuheapPool> {
     // SAFETY: the caller's contract.
     match unsafe { pool.as_ref() } {
-        Some(p) => {
-            p.bind()?;
-            Ok(p)
-        }
+        Some(p) => Ok(p),
         None => invalid("the pool is NULL"),
     }
 }

@@ -501,13 +501,7 @@ impl<'a> PageMap<'a> {
                 if let Some(used) = (start..start + len).find(|&p| self.is_set(p)) {
                     return Err(used);
                 }
-                let from = start - self.free_below(start);
-                let fit = Fit {
-                    start: from,
-                    run: r.len_of(from),
-                    at: start,
-                };
-                self.take(r, fit, len);
+                self.take(r, self.fit_at(r, start), len);
                 Ok(())
             });
         }
@@ -562,8 +556,9 @@ impl<'a> PageMap<'a> {
         self.change_bits(start, len, false)
     }
 
-    /// Claims `len` pages at a multiple of `align` in `floor..limit` by
-    /// best fit, through the index (under its lock).
+    /// Claims `len` pages in `floor..limit` under the index's lock: with
+    /// `low` (class pages), the lowest run at a multiple of `align`; else
+    /// (spans, `align` 1) the best fit the index finds.
     fn claim_indexed(
         &self,
         r: &RunIndex<'_>,
@@ -577,28 +572,33 @@ impl<'a> PageMap<'a> {
             return None;
         }
         r.locked(|| {
-            let found = if low {
-                None
-            } else {
-                r.find(len, align, floor, limit)
-            };
-            let fit = found.or_else(|| {
-                // Runs the index's walk left unread: the map itself (no
-                // claim or release runs while the lock is held).
-                let at = match (low, align) {
-                    (false, 1) => self.find_best(len, floor, limit)?,
-                    _ => self.find_run(floor.next_multiple_of(align), len, align, limit)?,
-                };
-                let start = at - self.free_below(at);
-                Some(Fit {
-                    start,
-                    run: r.len_of(start),
-                    at,
-                })
-            })?;
+            let fit = match low {
+                // The map itself, a word at a time (no claim or release
+                // runs while the lock is held).
+                true => self
+                    .find_run(floor.next_multiple_of(align), len, align, limit)
+                    .map(|at| self.fit_at(r, at)),
+                // Spans (`align` 1): the index, then the runs its walk left
+                // unread.
+                false => r.find(len, floor, limit).or_else(|| {
+                    self.find_best(len, floor, limit)
+                        .map(|at| self.fit_at(r, at))
+                }),
+            }?;
             self.take(r, fit, len);
             Some(fit.at)
         })
+    }
+
+    /// Pages from the free page `at` on, in the free run that holds it
+    /// (under the index's lock).
+    fn fit_at(&self, r: &RunIndex<'_>, at: u32) -> Fit {
+        let start = at - self.free_below(at);
+        Fit {
+            start,
+            run: r.len_of(start),
+            at,
+        }
     }
 
     /// Claims `len` pages at `fit.at` in the free run `fit`, and indexes

@@ -249,12 +249,12 @@ impl<'a> RunIndex<'a> {
         }
     }
 
-    /// Best fit: `len` pages at a multiple of `align` within
+    /// Best fit: `len` pages within
     /// `floor..limit`, in the shortest run that holds them (of the first
     /// [`COMPARE`] that fit in its bucket, the shortest, then the lowest).
     /// `None` can be wrong only for runs that a bucket's walk did not reach
     /// ([`WALK`] runs): callers then search the page map itself.
-    pub fn find(&self, len: u32, align: u32, floor: u32, limit: u32) -> Option<Fit> {
+    pub fn find(&self, len: u32, floor: u32, limit: u32) -> Option<Fit> {
         let mut b = bucket(len);
         while let Some(nb) = self.next_bucket(b) {
             let mut best: Option<Fit> = None;
@@ -263,8 +263,7 @@ impl<'a> RunIndex<'a> {
             while at != 0 && fitting < COMPARE && walked < WALK {
                 let start = at - 1;
                 let run = self.at(start, LEN);
-                let (lo, hi) = (start.max(floor), (start + run).min(limit));
-                let pos = lo.next_multiple_of(align);
+                let (pos, hi) = (start.max(floor), (start + run).min(limit));
                 if pos < hi && hi - pos >= len {
                     fitting += 1;
                     let better = best.is_none_or(|f| (run, start) < (f.run, f.start));

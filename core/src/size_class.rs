@@ -277,9 +277,9 @@ impl Geometry {
 
 // Tables, so the hot paths look these up instead of dividing.
 const PAGE_UNITS: [u32; CLASS_COUNT] = units_table(TARGET_BLOCKS_PER_PAGE);
-const BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(TARGET_BLOCKS_PER_PAGE);
+const BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(PAGE_UNITS);
 const SMALL_PAGE_UNITS: [u32; CLASS_COUNT] = units_table(SMALL_TARGET_BLOCKS_PER_PAGE);
-const SMALL_BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(SMALL_TARGET_BLOCKS_PER_PAGE);
+const SMALL_BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(SMALL_PAGE_UNITS);
 
 const fn units_table(target: usize) -> [u32; CLASS_COUNT] {
     let mut t = [0u32; CLASS_COUNT];
@@ -291,11 +291,12 @@ const fn units_table(target: usize) -> [u32; CLASS_COUNT] {
     t
 }
 
-const fn blocks_table(target: usize) -> [u32; CLASS_COUNT] {
+/// Blocks per page of each class, for pages of `units` units each.
+const fn blocks_table(units: [u32; CLASS_COUNT]) -> [u32; CLASS_COUNT] {
     let mut t = [0u32; CLASS_COUNT];
     let mut c = 0;
     while c < CLASS_COUNT {
-        t[c] = compute_page_units(c as u32, target) * PAGE_SIZE as u32 / CLASS_SIZES[c];
+        t[c] = units[c] * PAGE_SIZE as u32 / CLASS_SIZES[c];
         c += 1;
     }
     t
