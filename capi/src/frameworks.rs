@@ -14,7 +14,7 @@
 //! format (written out when the process exits), for `cuheap replay`.
 
 use crate::pool::{CuheapPool, CuheapPoolConfig, CuheapPoolStats};
-use crate::{device_context, entry, invalid, put, write_snapshot};
+use crate::{device_context, enter, entry, invalid, put, write_snapshot, Keep};
 use cuheap_host::cudarc::driver::sys;
 use cuheap_host::{Result, TraceLog};
 use std::ffi::{c_char, c_int, c_void};
@@ -107,7 +107,7 @@ fn alloc_on(size: usize, device: c_int, stream: sys::CUstream, name: &str) -> *m
         return std::ptr::null_mut();
     }
     let mut out = 0u64;
-    let rc = entry(name, || {
+    let rc = enter(name, Keep::Lazy, || {
         let pool = device_pool(device)?;
         out = match trace() {
             Some(t) => t.allocate(size, stream as usize, || pool.alloc(size, stream))?,
@@ -126,7 +126,7 @@ fn free_on(ptr: *mut c_void, device: c_int, stream: sys::CUstream, name: &str) {
     if ptr.is_null() {
         return;
     }
-    let rc = entry(name, || {
+    let rc = enter(name, Keep::Lazy, || {
         let pool = device_pool(device)?;
         match trace() {
             Some(t) => t.free(ptr as u64, stream as usize, || {

@@ -19,7 +19,7 @@ pub mod heap;
 pub mod pool;
 
 use cuheap_host::cudarc::driver::{result, sys, CudaContext};
-use cuheap_host::driver::{driver_present, init_driver};
+use cuheap_host::driver::{before_bind, driver_present, init_driver, KeepContext};
 use cuheap_host::{Context, Error, Result};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CString};
@@ -69,44 +69,34 @@ fn remember(message: String) {
     });
 }
 
-/// The context current on this thread, if the driver is loaded.
-fn current_raw() -> Option<sys::CUcontext> {
-    if !driver_present() {
-        return None;
-    }
-    let mut c: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-parameter; fails harmlessly before cuInit.
-    unsafe { sys::cuCtxGetCurrent(&mut c) }.result().ok()?;
-    Some(c)
+/// Which context an entry point reads before it runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// The caller's current context, read at once and restored: for entry
+    /// points whose code may bind through cudarc directly.
+    Eager,
+    /// Read only when the pool's code first binds a context (it tells
+    /// [`before_bind`]): the allocation and free paths, where a cached
+    /// block makes no driver call at all.
+    Lazy,
+}
+
+/// [`enter`] with [`Keep::Eager`]: most entry points.
+pub(crate) fn entry(name: &str, f: impl FnOnce() -> Result<()>) -> c_int {
+    enter(name, Keep::Eager, f)
 }
 
 /// Runs an entry point: its code, its error kept for
 /// [`cuheap_last_error`], a panic turned into [`CUHEAP_ERROR_INTERNAL`],
 /// and the caller's current context restored (the driver calls inside
-/// make the pool's context current).
-pub(crate) fn entry(name: &str, f: impl FnOnce() -> Result<()>) -> c_int {
-    /// Puts the thread's context back as the call found it (none, on a
-    /// framework's worker thread that reached the pool before any runtime
-    /// call: the pool's driver calls bind its context), on return and on a
-    /// panic alike.
-    struct Restore {
-        before: Option<sys::CUcontext>,
-    }
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            if let Some(before) = self.before {
-                if current_raw() != Some(before) {
-                    // SAFETY: the context was current on this thread when
-                    // the call began.
-                    let _ = unsafe { sys::cuCtxSetCurrent(before) };
-                }
-            }
-        }
-    }
+/// make the pool's context current; none may be current, on a framework's
+/// worker thread that reached the pool before any runtime call).
+pub(crate) fn enter(name: &str, keep: Keep, f: impl FnOnce() -> Result<()>) -> c_int {
     let run = || {
-        let restore = Restore {
-            before: current_raw(),
-        };
+        let restore = KeepContext::new();
+        if keep == Keep::Eager && driver_present() {
+            before_bind();
+        }
         let r = f();
         drop(restore);
         match r {
@@ -163,6 +153,8 @@ pub(crate) fn device_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     if ordinal >= count {
         return invalid(format!("device {ordinal}: the machine has {count}"));
     }
+    // The retain makes the context current.
+    before_bind();
     CudaContext::new(ordinal).during("cuDevicePrimaryCtxRetain")
 }
 

@@ -1,7 +1,7 @@
 //! `cuheap_pool_*`: the host pool on CUDA streams (`cudaStream_t` and
 //! `CUstream` are the same handle).
 
-use crate::{current_context, entry, invalid, put, write_snapshot};
+use crate::{current_context, enter, entry, invalid, put, write_snapshot, Keep};
 use cuheap_host::cudarc::driver::{sys, CudaContext, CudaStream};
 use cuheap_host::{Context, CudaBackend, Exported, Imported, Pool, PoolConfig, PoolStats, Result};
 use std::cell::RefCell;
@@ -295,7 +295,7 @@ pub unsafe extern "C" fn cuheap_pool_alloc(
         // SAFETY: writable by the caller's contract.
         unsafe { out.write(std::ptr::null_mut()) };
     }
-    entry("cuheap_pool_alloc", || {
+    enter("cuheap_pool_alloc", Keep::Lazy, || {
         // SAFETY: the caller's contract.
         let p = unsafe { pool_ref(pool) }?;
         if out.is_null() {
@@ -325,7 +325,7 @@ pub unsafe extern "C" fn cuheap_pool_free(
     ptr: *mut c_void,
     stream: sys::CUstream,
 ) -> c_int {
-    entry("cuheap_pool_free", || {
+    enter("cuheap_pool_free", Keep::Lazy, || {
         // SAFETY: the caller's contract.
         unsafe { pool_ref(pool) }?.free(ptr as u64, stream)
     })

@@ -561,6 +561,75 @@ fn a_thread_without_a_context_allocates_through_the_hooks() {
     assert_eq!(rc, CUHEAP_OK, "{}", last());
 }
 
+/// Another context current on the caller's thread (one of its own, not
+/// the runtime's) stays current through every path of an allocation and
+/// a free: the first allocation, which maps memory and binds the pool's
+/// context; a free; a cached reuse, which binds nothing; the framework
+/// hooks; and an eager entry point.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn another_current_context_stays_current() {
+    let _gpu = one_at_a_time();
+    let ctx = device_context(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let mut pool = null_mut();
+    // SAFETY: valid out pointer; the pool is destroyed below.
+    let rc = unsafe { cuheap_pool_create(std::ptr::null(), &mut pool) };
+    assert_eq!(rc, CUHEAP_OK, "{}", last());
+    let (pool, raw) = (pool as usize, stream.cu_stream() as usize);
+    std::thread::spawn(move || {
+        let other = cuheap_host::cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
+        let current = || {
+            let mut now: sys::CUcontext = null_mut();
+            // SAFETY: out-parameter.
+            unsafe { sys::cuCtxGetCurrent(&mut now) }.result().unwrap();
+            now
+        };
+        let pool = pool as *mut CuheapPool;
+        let stream = raw as sys::CUstream;
+        assert_eq!(current(), other.cu_ctx());
+        // SAFETY: a live pool and a live stream of its context; blocks
+        // freed once.
+        unsafe {
+            for round in ["maps memory", "reuses the cached block"] {
+                let mut p = null_mut();
+                let rc = cuheap_pool_alloc(pool, 1 << 20, stream, &mut p);
+                assert_eq!(rc, CUHEAP_OK, "{}", last());
+                assert_eq!(current(), other.cu_ctx(), "alloc that {round}");
+                let rc = cuheap_pool_free(pool, p, stream);
+                assert_eq!(rc, CUHEAP_OK, "{}", last());
+                assert_eq!(
+                    current(),
+                    other.cu_ctx(),
+                    "free after the alloc that {round}"
+                );
+            }
+            let a = cuheap_torch_alloc(4096, 0, stream);
+            assert!(!a.is_null(), "{}", last());
+            cuheap_torch_free(a, 4096, 0, stream);
+            assert_eq!(current(), other.cu_ctx(), "the hooks");
+            let mut stats = std::mem::zeroed::<CuheapPoolStats>();
+            assert_eq!(cuheap_pool_get_stats(pool, &mut stats), CUHEAP_OK);
+            assert_eq!(stats.allocs, 2);
+            assert_eq!(current(), other.cu_ctx(), "statistics");
+        }
+    })
+    .join()
+    .unwrap();
+    // SAFETY: the pool from above, no block left; the stream outlives it.
+    unsafe {
+        let pool = pool as *mut CuheapPool;
+        assert_eq!(
+            cuheap_pool_release_stream(pool, raw as sys::CUstream),
+            CUHEAP_OK
+        );
+        assert_eq!(cuheap_pool_destroy(pool), CUHEAP_OK);
+        let rc = cuheap_device_pool_trim(0, 0, null_mut());
+        assert_eq!(rc, CUHEAP_OK, "{}", last());
+    }
+    drop(stream);
+}
+
 /// A shareable pool's block goes through a socket pair and is mapped a
 /// second time (as another process would map it): the words written
 /// through the pool's address read back through the import's.

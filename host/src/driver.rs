@@ -9,11 +9,13 @@
 //! - here: [`Gpu`], one context with a stream and a module.
 
 pub mod backend;
+pub mod current;
 pub mod launch;
 pub mod memory;
 pub mod module;
 
 pub use backend::{CudaBackend, CudaMemory};
+pub use current::{before_bind, KeepContext};
 pub use launch::{DevicePtr, Kernel, KernelArgs, LaunchConfig, Param};
 pub use memory::DeviceMemory;
 pub use module::{Function, Module};
@@ -42,6 +44,13 @@ pub fn driver_present() -> bool {
     static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     // SAFETY: only tries to open the library; no driver call is made.
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Makes `ctx` current on this thread (a [`KeepContext`] puts the
+/// caller's back).
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    before_bind();
+    ctx.bind_to_thread().during("cuCtxSetCurrent")
 }
 
 /// Initialises the driver and counts the devices: [`Error::NoDriver`] or
@@ -93,7 +102,7 @@ impl Gpu {
     /// Loads `ptx` in `ctx` (any device's context, e.g. the primary
     /// context the CUDA runtime uses, from `CudaContext::new(ordinal)`).
     pub fn on_context(ctx: &Arc<CudaContext>, ptx: &str, options: LoadOptions) -> Result<Gpu> {
-        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        bind(ctx)?;
         let module = Module::load(ctx, ptx.as_bytes(), options)?;
         Self::open_with(ctx.clone(), module)
     }
@@ -117,8 +126,9 @@ impl Gpu {
     /// Makes sure a driver and a device exist before any other driver call.
     fn open_context() -> Result<Arc<CudaContext>> {
         init_driver()?;
+        before_bind();
         let ctx = CudaContext::new(0).during("cuCtxCreate")?;
-        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        bind(&ctx)?;
         Ok(ctx)
     }
 
@@ -197,7 +207,7 @@ impl Gpu {
 
     /// Device memory free and total, in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        bind(&self.ctx)?;
         result::mem_get_info().during("cuMemGetInfo")
     }
 
@@ -215,7 +225,7 @@ impl Gpu {
     /// Sets CUDA's own device-heap size (`cuCtxSetLimit`); only effective
     /// before the first kernel that calls `malloc`.
     pub fn set_malloc_heap_size(&self, bytes: usize) -> Result<()> {
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        bind(&self.ctx)?;
         result::ctx::set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes)
             .during("cuCtxSetLimit")
     }
@@ -230,7 +240,7 @@ impl Gpu {
                 std::mem::size_of::<T>()
             )));
         }
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        bind(&self.ctx)?;
         // SAFETY: `dptr` is a device global of exactly size_of::<T>() bytes;
         // T has no uninitialised bytes.
         unsafe { result::memcpy_htod_sync(dptr, std::slice::from_ref(value)) }

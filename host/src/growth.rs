@@ -41,7 +41,7 @@ unsafe impl Sync for Doorbell {}
 
 impl Doorbell {
     fn new(ctx: &Arc<CudaContext>) -> Result<Doorbell> {
-        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(ctx)?;
         let mut p = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: out-parameter; 64 bytes of pinned memory, freed on drop.
@@ -71,7 +71,7 @@ impl Doorbell {
 impl Drop for Doorbell {
     fn drop(&mut self) {
         // The owner (the heap) outlives every kernel that rings it.
-        if self.ctx.bind_to_thread().is_ok() {
+        if crate::driver::bind(&self.ctx).is_ok() {
             // SAFETY: allocated by cuMemHostAlloc, freed once.
             let _ = unsafe { sys::cuMemFreeHost(self.host as *mut _) };
         }
@@ -383,10 +383,7 @@ impl Drop for GrowthService<'_> {
 
 /// The service loop: polls the doorbell, answers each change.
 fn serve(g: &Grower, stop: &AtomicBool, mut seen: u64) -> Result<()> {
-    g.stream
-        .context()
-        .bind_to_thread()
-        .during("cuCtxSetCurrent")?;
+    crate::driver::bind(g.stream.context())?;
     let mut active = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let t = g.bell.read();

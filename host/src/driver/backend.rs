@@ -2,6 +2,7 @@
 //! memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
 //! `cuMemSetAccess`, `cuMemUnmap`) and cudarc's streams and events.
 
+use super::before_bind;
 use super::memory::{copy_from_device_on, copy_to_device_on};
 use crate::backend::Backend;
 use crate::error::{Context, Error, Result};
@@ -23,10 +24,20 @@ pub struct CudaMemory {
     ctx: Arc<CudaContext>,
 }
 
+/// An event of the pool's (cudarc's, whose drop makes its context
+/// current: [`before_bind`] is told first).
+pub struct Event(CudaEvent);
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        before_bind();
+    }
+}
+
 impl Drop for CudaMemory {
     fn drop(&mut self) {
         // Errors cannot leave drop; a failed release leaks the memory.
-        if self.ctx.bind_to_thread().is_ok() {
+        if crate::driver::bind(&self.ctx).is_ok() {
             // SAFETY: the handle came from cuMemCreate and is released once;
             // a mapping still using it keeps the memory until it is unmapped.
             let _ = unsafe { sys::cuMemRelease(self.handle) };
@@ -96,13 +107,13 @@ impl CudaBackend {
     }
 
     fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")
+        crate::driver::bind(&self.ctx)
     }
 }
 
 impl Backend for CudaBackend {
     type Stream = Arc<CudaStream>;
-    type Event = CudaEvent;
+    type Event = Event;
     type Memory = CudaMemory;
     type Shared = OwnedFd;
 
@@ -341,32 +352,39 @@ impl Backend for CudaBackend {
     }
 
     fn free_memory(&self) -> usize {
+        before_bind();
         self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0)
     }
 
-    fn new_event(&self) -> Result<CudaEvent> {
+    fn new_event(&self) -> Result<Event> {
+        before_bind();
         self.ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map(Event)
             .during("cuEventCreate")
     }
 
-    fn record(&self, event: &CudaEvent, stream: &Arc<CudaStream>) -> Result<()> {
-        event.record(stream).during("cuEventRecord")
+    fn record(&self, event: &Event, stream: &Arc<CudaStream>) -> Result<()> {
+        before_bind();
+        event.0.record(stream).during("cuEventRecord")
     }
 
-    fn wait(&self, stream: &Arc<CudaStream>, event: &CudaEvent) -> Result<()> {
-        stream.wait(event).during("cuStreamWaitEvent")
+    fn wait(&self, stream: &Arc<CudaStream>, event: &Event) -> Result<()> {
+        before_bind();
+        stream.wait(&event.0).during("cuStreamWaitEvent")
     }
 
-    fn synchronize(&self, event: &CudaEvent) -> Result<()> {
-        event.synchronize().during("cuEventSynchronize")
+    fn synchronize(&self, event: &Event) -> Result<()> {
+        before_bind();
+        event.0.synchronize().during("cuEventSynchronize")
     }
 
-    fn query(&self, event: &CudaEvent) -> Result<bool> {
-        event.try_is_complete().during("cuEventQuery")
+    fn query(&self, event: &Event) -> Result<bool> {
+        event.0.try_is_complete().during("cuEventQuery")
     }
 
     fn synchronize_device(&self) -> Result<()> {
+        before_bind();
         self.ctx.synchronize().during("cuCtxSynchronize")
     }
 }

@@ -239,11 +239,7 @@ unsafe fn launch_raw(
     stream: &CudaStream,
     params: &mut [*mut c_void],
 ) -> Result<()> {
-    function
-        .module()
-        .context()
-        .bind_to_thread()
-        .during("cuCtxSetCurrent")?;
+    crate::driver::bind(function.module().context())?;
     // SAFETY: forwarded from the caller.
     unsafe {
         result::launch_kernel(

@@ -30,7 +30,7 @@ impl DeviceMemory {
 
     /// `bytes` of device memory in `ctx`, contents undefined.
     pub(crate) fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceMemory> {
-        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(ctx)?;
         // SAFETY: plain allocation; the pointer is owned by DeviceMemory.
         let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| {
             if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
@@ -70,7 +70,7 @@ impl DeviceMemory {
 
     /// Sets every byte to 0 (legacy default stream, synchronous).
     pub fn zero(&self) -> Result<()> {
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(&self.ctx)?;
         // SAFETY: the range is this allocation.
         unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }.during("cuMemsetD8")
     }
@@ -95,7 +95,7 @@ impl DeviceMemory {
     /// ```
     pub fn read<T: AnyBitPattern>(&self, offset: usize, out: &mut [T]) -> Result<()> {
         let src = self.range(offset, std::mem::size_of_val(out))?;
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(&self.ctx)?;
         // SAFETY: the range is inside this allocation; any bytes are a
         // valid `T`.
         unsafe { result::memcpy_dtoh_sync(out, src) }.during("cuMemcpyDtoH")
@@ -105,7 +105,7 @@ impl DeviceMemory {
     /// synchronous). `T` has no uninitialised (padding) bytes.
     pub fn write<T: NoUninit>(&self, offset: usize, data: &[T]) -> Result<()> {
         let dst = self.range(offset, std::mem::size_of_val(data))?;
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(&self.ctx)?;
         // SAFETY: the range is inside this allocation.
         unsafe { result::memcpy_htod_sync(dst, data) }.during("cuMemcpyHtoD")
     }
@@ -113,7 +113,7 @@ impl DeviceMemory {
     /// [`zero`](Self::zero) ordered on `stream`: after the work queued on
     /// it so far; returns when done.
     pub fn zero_on(&self, stream: &CudaStream) -> Result<()> {
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(&self.ctx)?;
         // SAFETY: the range is this allocation.
         unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, stream.cu_stream()) }
             .during("cuMemsetD8Async")?;
@@ -129,7 +129,7 @@ impl DeviceMemory {
         stream: &CudaStream,
     ) -> Result<()> {
         let src = self.range(offset, std::mem::size_of_val(out))?;
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(&self.ctx)?;
         // SAFETY: the range is inside this allocation; any bytes are a
         // valid `T`.
         unsafe { copy_from_device_on(out, src, stream) }
@@ -144,7 +144,7 @@ impl DeviceMemory {
         stream: &CudaStream,
     ) -> Result<()> {
         let dst = self.range(offset, std::mem::size_of_val(data))?;
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(&self.ctx)?;
         // SAFETY: the range is inside this allocation.
         unsafe { copy_to_device_on(dst, data, stream) }
     }
@@ -206,7 +206,7 @@ fn range(base: u64, bytes: usize, offset: usize, len: usize) -> Result<u64> {
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
         // Errors cannot be returned from drop; a failed free leaks.
-        if self.ctx.bind_to_thread().is_ok() {
+        if crate::driver::bind(&self.ctx).is_ok() {
             // SAFETY: `ptr` came from cuMemAlloc and is freed once.
             let _ = unsafe { result::free_sync(self.ptr) };
         }

@@ -25,7 +25,7 @@ unsafe impl Sync for Loaded {}
 impl Drop for Loaded {
     fn drop(&mut self) {
         // Errors cannot be returned from drop; a failed unload leaks.
-        if self.ctx.bind_to_thread().is_ok() {
+        if crate::driver::bind(&self.ctx).is_ok() {
             // SAFETY: the handle came from cuModuleLoadDataEx and is
             // unloaded once, after every Function of it (they hold the Arc).
             let _ = unsafe { sys::cuModuleUnload(self.handle) };
@@ -63,7 +63,7 @@ impl Module {
         let image = nul_terminated(image)?;
         let (mut keys, mut vals) = jit_options(options);
         let mut m: sys::CUmodule = std::ptr::null_mut();
-        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(ctx)?;
         // SAFETY: `image` is a NUL-terminated PTX text or a cubin, alive for
         // the call; the option arrays have the same length.
         unsafe {
@@ -91,7 +91,7 @@ impl Module {
     pub fn function(&self, name: &str) -> Result<Function> {
         let cname = CString::new(name).map_err(|_| Error::MissingKernel(name.into()))?;
         let mut f: sys::CUfunction = std::ptr::null_mut();
-        self.0.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(&self.0.ctx)?;
         // SAFETY: out-parameter; the module is loaded.
         unsafe { sys::cuModuleGetFunction(&mut f, self.0.handle, cname.as_ptr()) }
             .result()
@@ -106,7 +106,7 @@ impl Module {
     pub(crate) fn global(&self, name: &str) -> Result<(sys::CUdeviceptr, usize)> {
         let cname = CString::new(name).map_err(|_| Error::MissingKernel(name.into()))?;
         let (mut dptr, mut bytes) = (0, 0usize);
-        self.0.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(&self.0.ctx)?;
         // SAFETY: out-parameters for the loaded module's global.
         unsafe { sys::cuModuleGetGlobal_v2(&mut dptr, &mut bytes, self.0.handle, cname.as_ptr()) }
             .result()
@@ -188,7 +188,7 @@ pub(crate) fn link(
 ) -> Result<Vec<u8>> {
     let (mut keys, mut vals) = jit_options(options);
     let mut state: sys::CUlinkState = std::ptr::null_mut();
-    ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+    crate::driver::bind(ctx)?;
     // SAFETY: the option arrays have the same length and outlive the link
     // (cuLinkDestroy below); `state` is an out-parameter.
     unsafe {

@@ -106,7 +106,7 @@ impl Pool<CudaBackend> {
                 "tie_to_graph: no thread could be started to release the pool".into(),
             ));
         }
-        self.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::driver::bind(self.context())?;
         let parcel = Box::into_raw(Box::new(Arc::clone(self)));
         let mut object: sys::CUuserObject = std::ptr::null_mut();
         // SAFETY: `parcel` stays valid until the destructor takes it back;
