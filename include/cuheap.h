@@ -184,7 +184,7 @@ typedef struct cuheap_pool cuheap_pool_t;
 typedef struct cuheap_pool_config {
     size_t reserve;            /* address space; never maps more (device memory) */
     size_t initial;            /* mapped at creation (64 MiB) */
-    size_t chunk;              /* mapping unit (32 MiB) */
+    size_t chunk;              /* mapping unit (2 MiB) */
     size_t stream_cache_limit; /* bytes one stream's cache may hold (64 MiB); each
                                   thread also keeps up to 2 MiB a stream, for 8 streams */
     size_t cache_limit;        /* bytes all streams' caches may hold (256 MiB) */

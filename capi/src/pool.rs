@@ -22,7 +22,7 @@ pub struct CuheapPoolConfig {
     pub reserve: usize,
     /// Memory mapped at creation. Default 64 MiB.
     pub initial: usize,
-    /// Mapping unit (rounded to the device's granularity). Default 32 MiB.
+    /// Mapping unit (rounded to the device's granularity). Default 2 MiB.
     pub chunk: usize,
     /// Bytes one stream's cache may hold. Default 64 MiB.
     pub stream_cache_limit: usize,

@@ -211,17 +211,17 @@ const MAX_TEST_DEVICE: c_int = 64;
 fn pool_settings_fill_zero_fields_with_defaults() {
     let d = CuheapPoolConfig::default().resolve(80 << 30);
     assert_eq!(d.reserve, 80 << 30);
-    assert_eq!((d.initial, d.chunk), (64 << 20, 32 << 20));
+    assert_eq!((d.initial, d.chunk), (64 << 20, 2 << 20));
     let c = CuheapPoolConfig {
         reserve: 32 << 20,
         initial: 1 << 30,
-        chunk: 2 << 20,
+        chunk: 4 << 20,
         ..Default::default()
     };
     let r = c.resolve(80 << 30);
     assert_eq!(
         (r.reserve, r.initial, r.chunk),
-        (32 << 20, 32 << 20, 2 << 20)
+        (32 << 20, 32 << 20, 4 << 20)
     );
 }
 

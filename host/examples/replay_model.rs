@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "{} events, {} streams: peak requested {:.0} MiB; at that peak mapped {:.0} MiB, \
          in use {:.0} MiB, cached {:.0} MiB, fragmentation {:.3}; \
-         {:.0} MiB mapped at the end ({:.3}x the peak); {} grows, {} retires, cross-stream reuse {}",
+         {:.0} MiB mapped at the end ({:.3}x the peak); {} grows ({} moving free chunks), {} retires, cross-stream reuse {}",
         events.len(),
         streams.len(),
         mib(peak),
@@ -63,6 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         mib(st.reserved),
         st.reserved as f64 / peak.max(1) as f64,
         st.grows,
+        st.moves,
         st.retires,
         st.cross_stream_reuse
     );

@@ -262,8 +262,9 @@ impl Snapshot {
     /// Checks what a snapshot read from elsewhere must hold before it is
     /// drawn: a page size of at least 4 KiB (a power of two), at most
     /// [`MAX_PAGES`] mapped pages, page runs that cover `0..mapped` in
-    /// order, class pages whose counts add up (`live + cached <= used <=
-    /// capacity`), and mappings inside the mapped range.
+    /// order (a gap only where no mapping is: a hole), class pages whose
+    /// counts add up (`live + cached <= used <= capacity`), and mappings
+    /// inside the reserved range.
     pub fn check(&self) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidArgument(format!("snapshot: {what}")));
         let ps = self.page_size;
@@ -276,8 +277,21 @@ impl Snapshot {
                 self.mapped
             ));
         }
+        // Page runs cover the mappings in order; a gap is a hole no
+        // mapping covers (whole free chunks moved to the end).
+        let mapped_at = |from: usize, to: usize| {
+            (self.mappings.iter()).any(|e| e.offset < to && from < e.offset + e.len)
+        };
+        let limit = (self.mappings.iter())
+            .map(|e| e.offset + e.len)
+            .max()
+            .unwrap_or(0)
+            .max(self.mapped);
         let mut at = 0usize;
         for r in &self.pages {
+            if r.offset() > at && !mapped_at(at, r.offset()) {
+                at = r.offset();
+            }
             if r.offset() != at || r.pages() == 0 {
                 return bad(format!(
                     "a page run at {} where {at} was expected",
@@ -302,25 +316,17 @@ impl Snapshot {
                 .checked_mul(ps)
                 .and_then(|n| at.checked_add(n))
             {
-                Some(end) if end <= self.mapped => at = end,
-                _ => {
-                    return bad(format!(
-                        "a page run at {at} past the {} bytes mapped",
-                        self.mapped
-                    ))
-                }
+                Some(end) if end <= limit => at = end,
+                _ => return bad(format!("a page run at {at} past the {limit} bytes mapped")),
             }
         }
-        if at != self.mapped {
-            return bad(format!(
-                "page runs cover {at} bytes of {} mapped",
-                self.mapped
-            ));
+        if at != limit {
+            return bad(format!("page runs cover {at} bytes of {limit} mapped"));
         }
         for m in &self.mappings {
             if m.offset
                 .checked_add(m.len)
-                .is_none_or(|end| end > self.mapped)
+                .is_none_or(|end| end > self.reserved.max(self.mapped))
             {
                 return bad(format!(
                     "a mapping of {} bytes at {} past the mapped range",

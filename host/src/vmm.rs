@@ -248,12 +248,21 @@ pub struct Region<B: Backend> {
 
 /// The mappings of a region, in address order from its base.
 struct Extents<B: Backend> {
-    /// Invariant: extent `i`, `(len, memory)`, is mapped to `memory` at
-    /// `base` plus the lengths before it; lengths are whole granules of
-    /// the backend (whole chunks, unless the memory came from the bank).
-    list: Vec<(usize, B::Memory)>,
-    /// The sum of the lengths.
-    bytes: usize,
+    /// Invariant: extent `i`, `(len, memory)`, covers `base` plus the
+    /// lengths before it, `len` bytes: mapped to `memory`, or a hole
+    /// (`None`: unmapped by [`Region::punch`], its pages fenced by the
+    /// owner). Lengths are whole granules of the backend (whole chunks,
+    /// unless the memory came from the bank).
+    list: Vec<(usize, Option<B::Memory>)>,
+    /// The sum of the lengths: the end of the mapped prefix, holes
+    /// included.
+    end: usize,
+    /// Bytes of memory held: the mapped lengths (holes left out) and the
+    /// spare pieces.
+    physical: usize,
+    /// Memory unmapped from holes, mapped again at the end before any
+    /// other (see [`Region::punch`]).
+    spare: Vec<(usize, B::Memory)>,
     /// Devices other than the backend's own that every mapping grants
     /// access to (see [`Region::grant_access`]).
     peers: Vec<i32>,
@@ -323,7 +332,9 @@ impl<B: Backend> Region<B> {
             chunk,
             mapped: Mutex::new(Extents {
                 list: Vec::new(),
-                bytes: 0,
+                end: 0,
+                physical: 0,
+                spare: Vec::new(),
                 peers: Vec::new(),
                 partial: Vec::new(),
             }),
@@ -351,9 +362,26 @@ impl<B: Backend> Region<B> {
         &self.res.backend
     }
 
-    /// Bytes with physical memory behind them (from `base`).
+    /// Bytes of physical memory the region holds: its mappings (holes
+    /// left out) and memory of holes not mapped again yet.
     pub fn mapped(&self) -> usize {
-        self.lock().bytes
+        self.lock().physical
+    }
+
+    /// The end of the mapped prefix, from `base`: every byte below it is
+    /// mapped or in a hole ([`Region::punch`]).
+    pub fn end(&self) -> usize {
+        self.lock().end
+    }
+
+    /// The holes: each one's offset from `base` and length, in address
+    /// order.
+    pub fn holes(&self) -> Vec<(usize, usize)> {
+        let m = self.lock();
+        m.all(0)
+            .filter(|&(_, _, mapped)| !mapped)
+            .map(|(at, len, _)| (at as usize, len))
+            .collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, Extents<B>> {
@@ -368,10 +396,10 @@ impl<B: Backend> Region<B> {
     pub fn grow_to(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
         self.check_fits(bytes)?;
-        while m.bytes < bytes {
+        while m.end < bytes {
             self.map_extent(&mut m, self.chunk)?;
         }
-        Ok(m.bytes)
+        Ok(m.end)
     }
 
     /// Maps what is missing up to `bytes` (whole chunks) as one mapping
@@ -386,16 +414,16 @@ impl<B: Backend> Region<B> {
         let mut m = self.lock();
         self.check_fits(bytes)?;
         // One mapping of new memory; banked pieces, one mapping each.
-        let before = m.bytes;
-        while m.bytes < bytes {
-            let len = (bytes - m.bytes).next_multiple_of(self.chunk);
+        let before = m.end;
+        while m.end < bytes {
+            let len = (bytes - m.end).next_multiple_of(self.chunk);
             match self.map_extent(&mut m, len) {
                 Ok(()) => {}
-                Err(_) if m.bytes > before => break, // what was mapped opens
+                Err(_) if m.end > before => break, // what was mapped opens
                 Err(e) => return Err(e),
             }
         }
-        Ok(m.bytes)
+        Ok(m.end)
     }
 
     fn check_fits(&self, bytes: usize) -> Result<()> {
@@ -409,30 +437,40 @@ impl<B: Backend> Region<B> {
         Ok(())
     }
 
-    /// Maps memory at the mapped end: a banked piece (which may be
-    /// shorter or longer than `len`, within the range; the first mapping
-    /// takes none longer, as a pool keeps its first mapping), else `len`
-    /// bytes (whole granules; at most the rest of the range) of new
-    /// memory.
+    /// Maps memory at the mapped end: a spare piece of this region's holes
+    /// that fits the range, else a banked piece (which may be shorter or
+    /// longer than `len`, within the range; the first mapping takes none
+    /// longer, as a pool keeps its first mapping), else `len` bytes (whole
+    /// granules; at most the rest of the range) of new memory.
     fn map_extent(&self, m: &mut Extents<B>, len: usize) -> Result<()> {
-        let at = self.base + m.bytes as u64;
-        let len = len.min(self.reserved - m.bytes);
-        let room = if m.bytes == 0 {
+        let at = self.base + m.end as u64;
+        let len = len.min(self.reserved - m.end);
+        let room = if m.end == 0 {
             len
         } else {
-            self.reserved - m.bytes
+            self.reserved - m.end
         };
         let backend = &self.res.backend;
-        let (len, memory, banked) = self.res.take(len, room).map_err(|e| match e {
-            Error::OutOfMemory { requested, .. } => Error::OutOfMemory {
-                requested,
-                reserved: m.bytes,
-                free: backend.free_memory(),
-            },
-            e => e,
-        })?;
-        // SAFETY: `at..at + len` is inside the region (`len` and `take`
-        // keep to the rest of the range) and past every mapped extent (the
+        let spare = (m.spare.iter().enumerate())
+            .filter(|(_, (l, _))| *l <= room)
+            .min_by_key(|(_, (l, _))| l.abs_diff(len))
+            .map(|(i, _)| i);
+        let (len, memory, banked) = match spare {
+            Some(i) => {
+                let (l, memory) = m.spare.swap_remove(i);
+                (l, memory, false)
+            }
+            None => self.res.take(len, room).map_err(|e| match e {
+                Error::OutOfMemory { requested, .. } => Error::OutOfMemory {
+                    requested,
+                    reserved: m.physical,
+                    free: backend.free_memory(),
+                },
+                e => e,
+            })?,
+        };
+        // SAFETY: `at..at + len` is inside the region (`len`, `room` and
+        // `take` keep to the rest of the range) and past every extent (the
         // invariant on `Extents`).
         if let Err(e) = unsafe { backend.map(at, len, &memory) } {
             self.res.give(len, memory);
@@ -451,10 +489,56 @@ impl<B: Backend> Region<B> {
         if banked {
             self.res.reused.fetch_add(len, Ordering::Relaxed);
         }
-        m.list.push((len, memory));
-        m.bytes += len;
-        self.res.note(self.part, len as isize);
+        if spare.is_none() {
+            self.res.note(self.part, len as isize);
+            m.physical += len;
+        }
+        m.list.push((len, Some(memory)));
+        m.end += len;
         Ok(())
+    }
+
+    /// Unmaps the mapping that starts at `offset` (from `base`) and keeps
+    /// its memory for the next growth ([`Region::grow_to`] maps it at the
+    /// end before any other): the range stays a hole, never mapped again.
+    /// Returns its length. An offset where no mapping starts, or the last
+    /// mapping, is an [`Error::InvalidArgument`].
+    ///
+    /// How a pool grows without new memory when its free memory lies in
+    /// runs too short for a block: whole free mappings move to the end.
+    ///
+    /// # Safety
+    ///
+    /// No work, queued or running, and no block handed out uses the
+    /// mapping, and the owner never hands out its range again.
+    pub unsafe fn punch(&self, offset: usize) -> Result<usize> {
+        let mut m = self.lock();
+        let last = m.list.len().saturating_sub(1);
+        let found = m
+            .all(0)
+            .enumerate()
+            .find(|&(i, (at, _, mapped))| at as usize == offset && mapped && i < last)
+            .map(|(i, (_, len, _))| (i, len));
+        let Some((i, len)) = found else {
+            return Err(Error::InvalidArgument(format!(
+                "no mapping to unmap at offset {offset} (the last one stays)"
+            )));
+        };
+        // SAFETY: extent `i` is one mapping (the invariant on `Extents`);
+        // the caller guarantees nothing uses it.
+        unsafe { self.res.backend.unmap(self.base + offset as u64, len) }?;
+        let memory = m.list[i].1.take().expect("a mapped extent");
+        m.spare.push((len, memory));
+        Ok(len)
+    }
+
+    /// Gives the spare memory of holes back (to the bank, or the device).
+    fn drop_spare(&self, m: &mut Extents<B>) {
+        for (len, memory) in std::mem::take(&mut m.spare) {
+            m.physical -= len;
+            self.res.note(self.part, -(len as isize));
+            self.res.give(len, memory);
+        }
     }
 
     /// Lets kernels on device `peer` read and write the region: what is
@@ -549,18 +633,23 @@ impl<B: Backend> Region<B> {
         let m = self.lock();
         let end = offset
             .checked_add(len)
-            .filter(|&end| len > 0 && end <= m.bytes)
+            .filter(|&end| len > 0 && end <= m.end)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "cannot share {len} bytes at offset {offset}: {} bytes are mapped",
-                    m.bytes
+                    m.end
                 ))
             })?;
         let mut first = None;
         let mut pieces = Vec::new();
-        for ((at, l), (_, memory)) in m.extents(0).zip(&m.list) {
+        for ((at, l, _), (_, memory)) in m.all(0).zip(&m.list) {
             let at = at as usize;
             if at + l > offset && at < end {
+                let Some(memory) = memory else {
+                    return Err(Error::InvalidArgument(format!(
+                        "cannot share {len} bytes at offset {offset}: {l} bytes at {at} are unmapped"
+                    )));
+                };
                 first.get_or_insert(at);
                 pieces.push((l, self.res.backend.share(memory)?));
             }
@@ -568,16 +657,18 @@ impl<B: Backend> Region<B> {
         Exported::from_handles(pieces, offset - first.unwrap_or(0), len)
     }
 
-    /// Each mapping's offset from `base` and length, in address order.
+    /// Each mapping's offset from `base` and length, in address order
+    /// (holes left out).
     pub fn mappings(&self) -> Vec<(usize, usize)> {
         let m = self.lock();
         m.extents(0).map(|(at, len)| (at as usize, len)).collect()
     }
 
-    /// The last mapping: its offset from `base` and its length.
+    /// The last mapping: its offset from `base` and its length (never a
+    /// hole: [`Region::shrink_to`] drops holes at the end).
     pub fn last_extent(&self) -> Option<(usize, usize)> {
         let m = self.lock();
-        m.list.last().map(|&(len, _)| (m.bytes - len, len))
+        m.list.last().map(|&(len, _)| (m.end - len, len))
     }
 
     /// Unmaps mappings from the end while at least `bytes` stay mapped: a
@@ -589,31 +680,54 @@ impl<B: Backend> Region<B> {
     /// memory from `bytes` to the mapped end.
     pub unsafe fn shrink_to(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
-        while let Some(&(len, _)) = m.list.last() {
-            if m.bytes - len < bytes {
+        while let Some((len, mapped)) = m.list.last().map(|(len, mem)| (*len, mem.is_some())) {
+            if m.end - len < bytes {
                 break;
             }
-            let at = self.base + (m.bytes - len) as u64;
-            // SAFETY: the last extent is one mapping (the invariant on
-            // `Extents`) past `bytes`; the caller guarantees nothing uses it.
-            unsafe { self.res.backend.unmap(at, len) }?;
+            let at = self.base + (m.end - len) as u64;
+            if mapped {
+                // SAFETY: the last extent is one mapping (the invariant on
+                // `Extents`) past `bytes`; the caller guarantees nothing
+                // uses it.
+                unsafe { self.res.backend.unmap(at, len) }?;
+            }
             let (len, memory) = m.list.pop().expect("the last extent");
-            m.bytes -= len;
-            self.res.note(self.part, -(len as isize));
-            self.res.give(len, memory); // banked, or released
+            m.end -= len;
+            if let Some(memory) = memory {
+                m.physical -= len;
+                self.res.note(self.part, -(len as isize));
+                self.res.give(len, memory); // banked, or released
+            }
         }
-        Ok(m.bytes)
+        // A hole at the end goes with the mapping after it.
+        while m.list.last().is_some_and(|(_, mem)| mem.is_none()) {
+            let (len, _) = m.list.pop().expect("the last extent");
+            m.end -= len;
+        }
+        if m.end <= bytes {
+            self.drop_spare(&mut m);
+        }
+        Ok(m.physical)
     }
 }
 
 impl<B: Backend> Extents<B> {
-    /// Each mapping's address and length, in address order.
-    fn extents(&self, base: u64) -> impl Iterator<Item = (u64, usize)> + '_ {
-        self.list.iter().scan(base, |at, &(len, _)| {
+    /// Each extent's address, length and whether it is mapped (not a
+    /// hole), in address order.
+    fn all(&self, base: u64) -> impl Iterator<Item = (u64, usize, bool)> + '_ {
+        self.list.iter().scan(base, |at, (len, memory)| {
             let start = *at;
-            *at += len as u64;
-            Some((start, len))
+            *at += *len as u64;
+            Some((start, *len, memory.is_some()))
         })
+    }
+
+    /// Each mapping's address and length, in address order (holes left
+    /// out).
+    fn extents(&self, base: u64) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.all(base)
+            .filter(|&(_, _, mapped)| mapped)
+            .map(|(at, len, _)| (at, len))
     }
 }
 
@@ -660,5 +774,52 @@ mod tests {
         }
         assert_eq!(r.last_extent(), None);
         assert_eq!(r.grow_at_once(64 * MIB).unwrap(), 64 * MIB);
+    }
+
+    /// A punched mapping leaves a hole that nothing maps again, and its
+    /// memory is mapped at the end by the next growth, before any new.
+    #[test]
+    fn a_punched_mapping_is_a_hole_and_its_memory_maps_at_the_end() {
+        let r = Region::with_backend(HostBackend::new(64 << 10, usize::MAX), 64 * MIB, 2 * MIB)
+            .unwrap();
+        assert_eq!(r.grow_to(6 * MIB).unwrap(), 6 * MIB);
+        let maps = r.backend().counts().maps;
+        // SAFETY: nothing uses host-backed test memory.
+        unsafe {
+            assert_eq!(r.punch(2 * MIB).unwrap(), 2 * MIB);
+            assert!(r.punch(2 * MIB).is_err(), "a hole is not punched twice");
+            assert!(r.punch(4 * MIB).is_err(), "the last mapping stays");
+            assert!(r.punch(MIB).is_err(), "no mapping starts there");
+        }
+        assert_eq!(r.holes(), vec![(2 * MIB, 2 * MIB)]);
+        assert_eq!(
+            (r.mapped(), r.end()),
+            (6 * MIB, 6 * MIB),
+            "the memory is held"
+        );
+        assert_eq!(r.mappings(), vec![(0, 2 * MIB), (4 * MIB, 2 * MIB)]);
+        assert!(
+            r.share(MIB, 2 * MIB).is_err(),
+            "a range over a hole is not shared"
+        );
+        let physical = r.backend().physical();
+        assert_eq!(r.grow_to(10 * MIB).unwrap(), 10 * MIB);
+        assert_eq!(r.backend().counts().maps, maps + 2);
+        assert_eq!(
+            r.backend().physical(),
+            physical + 2 * MIB,
+            "the spare piece, then one new chunk"
+        );
+        assert_eq!((r.mapped(), r.end()), (8 * MIB, 10 * MIB));
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(r.shrink_to(6 * MIB).unwrap(), 4 * MIB);
+            assert_eq!(r.end(), 6 * MIB);
+            // The last mapping, and the hole before it, go together.
+            assert_eq!(r.shrink_to(4 * MIB).unwrap(), 2 * MIB);
+            assert_eq!((r.end(), r.holes()), (2 * MIB, vec![]));
+            assert_eq!(r.shrink_to(0).unwrap(), 0);
+        }
+        assert_eq!(r.backend().physical(), 0);
     }
 }

@@ -884,17 +884,23 @@ fn a_stream_waits_once_for_memory_another_shed() {
     a.finish();
 }
 
-/// Trim unmaps memory that shed blocks were in only once their work is
-/// done: a host wait first.
-#[test]
-fn trim_waits_for_the_work_of_shed_blocks() {
+/// A pool of 2 MiB chunks, one mapped at first, whose stream caches hold
+/// at most 64 KiB (a larger block is shed to the heap at its free).
+fn shedding_pool() -> Pool<HostBackend> {
     let cfg = PoolConfig {
         initial: 2 * MIB,
         chunk: 2 * MIB,
         stream_cache_limit: 64 * KIB,
         ..PoolConfig::new(256 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap()
+}
+
+/// Trim unmaps memory that shed blocks were in only once their work is
+/// done: a host wait first.
+#[test]
+fn trim_waits_for_the_work_of_shed_blocks() {
+    let pool = shedding_pool();
     let a = HostStream::new();
     let blocks: Vec<u64> = (0..8).map(|_| pool.alloc(MIB, &a).unwrap()).collect();
     a.hold();
@@ -1059,4 +1065,63 @@ fn the_main_pool_refuses_a_capturing_stream() {
         0,
         "the refused frees were not counted as bad"
     );
+}
+
+/// A span no free run fits, while a whole free chunk lies between blocks
+/// in use: the growth moves that chunk's memory to the end instead of
+/// taking new memory, after waiting for the work of the stream that shed
+/// the block there; the hole is never handed out; the snapshot leaves
+/// the hole out; and trim gives every chunk but the first back.
+#[test]
+fn a_whole_free_chunk_between_blocks_moves_to_the_end() {
+    let pool = shedding_pool();
+    let s = HostStream::new();
+    let base = pool.base();
+    let [x, y, z] = [0, 1, 2].map(|_| pool.alloc(2 * MIB, &s).unwrap());
+    assert_eq!(
+        [x, y, z].map(|p| p - base),
+        [0, 2 * MIB as u64, 4 * MIB as u64]
+    );
+    s.enqueue(); // a kernel uses them
+    pool.free(y, &s).unwrap(); // shed at once: past the bound
+    assert_eq!(pool.stats().cached(), 0);
+    let (syncs, created) = (
+        pool.backend().counts().event_syncs,
+        pool.backend().physical(),
+    );
+    let w = pool.alloc(4 * MIB, &s).unwrap();
+    assert_eq!(w - base, 6 * MIB as u64, "at the end");
+    let st = pool.stats();
+    assert_eq!((st.moves, st.reserved), (1, 8 * MIB));
+    assert_eq!(
+        pool.backend().physical(),
+        created + 2 * MIB,
+        "one new chunk, one moved"
+    );
+    assert!(
+        pool.backend().counts().event_syncs > syncs,
+        "the shed's work awaited"
+    );
+    mark(&pool, w, 4 * MIB, 7, false).unwrap();
+    mark(&pool, w, 4 * MIB, 7, true).unwrap();
+    // The hole's pages are never handed out again.
+    let v = pool.alloc(2 * MIB, &s).unwrap();
+    assert_eq!(v - base, 10 * MIB as u64);
+    let snap = pool.snapshot();
+    snap.check().unwrap();
+    assert!(
+        snap.pages.iter().all(|r| r.offset() != 2 * MIB),
+        "no page in the hole"
+    );
+    assert_eq!(snap.mapped, 10 * MIB);
+    for p in [x, z, w, v] {
+        pool.free(p, &s).unwrap();
+    }
+    assert_eq!(pool.trim(0).unwrap(), 2 * MIB);
+    // The hole went with the end: its range is mapped again and serves.
+    let after = pool.alloc(4 * MIB, &s).unwrap();
+    assert_eq!(after - base, 0);
+    mark(&pool, after, 4 * MIB, 9, false).unwrap();
+    mark(&pool, after, 4 * MIB, 9, true).unwrap();
+    pool.free(after, &s).unwrap();
 }

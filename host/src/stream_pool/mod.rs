@@ -62,7 +62,7 @@ use cuheap_core::{Heap, HeapHandle, Layout, Placement, MAX_CLASS_SIZE};
 use guard::Guards;
 use live::LiveBits;
 use local::{install, with_local, Reach, LOCAL_BYTES, LOCAL_MAX_BLOCK, LOCAL_PER_KEY};
-use stats::{BAD, FLUSHES, GROWS, RETIRES};
+use stats::{BAD, FLUSHES, GROWS, MOVES, RETIRES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -97,7 +97,10 @@ pub struct PoolConfig {
     pub reserve: usize,
     /// Physical memory mapped at creation.
     pub initial: usize,
-    /// Mapping unit (rounded to the device's granularity, usually 2 MiB).
+    /// Mapping unit (rounded to the device's granularity, usually 2 MiB;
+    /// 2 MiB by default): a growth maps what it needs in chunks, one
+    /// mapping each, and a chunk is what moves, whole, when a growth finds
+    /// whole free chunks between blocks in use ([`PoolStats::moves`]).
     pub chunk: usize,
     /// Bytes [`Pool::synchronize`] leaves mapped (CUDA's release threshold).
     pub release_threshold: usize,
@@ -138,7 +141,7 @@ impl PoolConfig {
         PoolConfig {
             reserve,
             initial: 64 << 20,
-            chunk: 32 << 20,
+            chunk: 2 << 20,
             release_threshold: usize::MAX,
             stream_cache_limit: 64 << 20,
             cache_limit: 256 << 20,
@@ -240,6 +243,9 @@ pub struct Pool<B: Backend = CudaBackend> {
     local_limit: usize,
     /// [`PoolConfig::graph`].
     graph: bool,
+    /// [`PoolConfig::shareable`]: other processes may map its memory at
+    /// the same offsets, so it never moves.
+    shareable: bool,
     /// A graph's pool after [`Pool::seal`]: it allocates no more.
     sealed: std::sync::atomic::AtomicBool,
     /// The one stream a graph's pool serves (the first it saw).
@@ -250,7 +256,7 @@ pub struct Pool<B: Backend = CudaBackend> {
     /// Bytes in use as of the last fold of the streams' `net` counters.
     folded: Own<AtomicI64>,
     peak: Own<AtomicUsize>,
-    counts: Own<[AtomicU64; 4]>,
+    counts: Own<[AtomicU64; 5]>,
 }
 
 /// A counter that threads update, on cache lines of its own: the fields
@@ -386,6 +392,7 @@ impl<B: Backend> Pool<B> {
             },
             local_limit: LOCAL_BYTES.min(cfg.stream_cache_limit).min(cfg.cache_limit),
             graph: cfg.graph,
+            shareable: cfg.shareable,
             capture_check: cfg.capture_check,
             graph_stream: std::sync::OnceLock::new(),
             sealed: std::sync::atomic::AtomicBool::new(false),
@@ -508,7 +515,7 @@ impl<B: Backend> Pool<B> {
     /// the same offset from [`Imported::ptr`] as from
     /// [`Pool::base`] here.
     pub fn export_mapped(&self) -> Result<Exported<B>> {
-        self.export(self.region.base(), self.region.mapped())
+        self.export(self.region.base(), self.region.end())
     }
 
     /// The pool's first address: blocks lie at offsets from it.
@@ -1262,10 +1269,13 @@ impl<B: Backend> Pool<B> {
 
     /// Grows the mapping and allocates, holding `grow_lock` throughout so
     /// that no trim unmaps the new memory first. A span first gets only
-    /// what the free pages at the end of the mapping lack (by at least a
-    /// chunk); if other threads took those pages meanwhile, the mapping
-    /// grows again by the whole size. A class block gets its size plus 16
-    /// pages, for the page its class needs.
+    /// what the free pages at the end of the mapping lack (at least a
+    /// chunk); if other threads took those pages meanwhile, the
+    /// mapping grows again by the whole size. A class block gets its size
+    /// plus 16 pages, for the page its class needs. For a span, whole free
+    /// chunks between blocks in use move to the end first
+    /// ([`Pool::move_free_mappings`]), so the growth takes that much less
+    /// new memory.
     fn grow_and_alloc(&self, size: usize, slot: u32) -> Option<u64> {
         let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
         let heap = self.heap();
@@ -1280,9 +1290,13 @@ impl<B: Backend> Pool<B> {
             } else {
                 size.saturating_sub(heap.free_tail() as usize * PAGE_SIZE)
             };
-            let mapped = self.region.mapped();
+            let need = need.max(self.region.chunk());
+            if size > MAX_CLASS_SIZE {
+                self.move_free_mappings(need);
+            }
+            let end = self.region.end();
             // A partial growth still opens what it mapped: try the heap.
-            let _ = self.grow(mapped + need.max(self.region.chunk()));
+            let _ = self.grow(end + need);
             if let Ok(p) = heap.alloc(size, slot) {
                 return Some(p as usize as u64);
             }
@@ -1290,14 +1304,77 @@ impl<B: Backend> Pool<B> {
         None
     }
 
-    /// Maps memory until `bytes` are mapped (or the reservation is), then
-    /// opens the new pages: unfence, then raise the limit. What was mapped
-    /// before a failure is opened too. Callers hold `grow_lock` or own the
-    /// pool exclusively.
+    /// Moves whole free mappings below the end, up to `need` bytes, to
+    /// the end for the growth that follows, so that a span whose size no
+    /// free run has takes no new memory while whole mappings lie free
+    /// between blocks in use. Each is fenced (no allocation can take its
+    /// pages), the work of the streams that shed blocks into the heap is
+    /// awaited on the host (the guards), and it is unmapped: its range
+    /// stays fenced, a hole, and its memory is mapped again at the end
+    /// (`Region::punch`). Nothing moves in a pool whose memory other
+    /// processes may map (their offsets would change), in a graph's pool,
+    /// or when the holes would take the second half of the reservation.
+    /// Returns the bytes moved. Callers hold `grow_lock`.
+    fn move_free_mappings(&self, need: usize) -> usize {
+        if self.graph || self.shareable {
+            return 0;
+        }
+        let heap = self.heap();
+        let mappings = self.region.mappings();
+        let Some(&(last, _)) = mappings.last() else {
+            return 0;
+        };
+        let page = |bytes: usize| (bytes / PAGE_SIZE) as u32;
+        let mut fenced = Vec::new();
+        let mut bytes = 0;
+        for &(at, len) in &mappings {
+            if at == last || bytes >= need {
+                break;
+            }
+            if heap.fence(page(at), page(at + len)) {
+                fenced.push((at, len));
+                bytes += len;
+            }
+        }
+        let unfence = |fenced: &[(usize, usize)]| {
+            for &(at, len) in fenced {
+                // SAFETY: fenced above by this call, under `grow_lock`.
+                unsafe { heap.unfence(page(at), page(at + len)) };
+            }
+        };
+        let room = self.region.reserved() / 2;
+        if fenced.is_empty()
+            || self.region.end() + bytes.max(need) > room
+            || self.guards.synchronize_all(self.backend()).is_err()
+        {
+            unfence(&fenced);
+            return 0;
+        }
+        let mut moved = 0;
+        for &(at, len) in &fenced {
+            // SAFETY: every page of the mapping is fenced (none in use,
+            // none can be handed out) and stays so; the guards' work is
+            // done, and blocks freed into the heap otherwise had their
+            // streams' work done first.
+            match unsafe { self.region.punch(at) } {
+                Ok(_) => moved += len,
+                Err(_) => unfence(&[(at, len)]),
+            }
+        }
+        if moved > 0 {
+            self.bump(MOVES);
+        }
+        moved
+    }
+
+    /// Maps memory until the mapped prefix reaches `bytes` (or the
+    /// reservation's end), then opens the new pages: unfence, then raise
+    /// the limit. What was mapped before a failure is opened too. Callers
+    /// hold `grow_lock` or own the pool exclusively.
     fn grow(&self, bytes: usize) -> Result<()> {
-        let before = (self.region.mapped() / PAGE_SIZE) as u32;
+        let before = (self.region.end() / PAGE_SIZE) as u32;
         let grown = self.region.grow_to(bytes.min(self.region.reserved()));
-        let after = (self.region.mapped() / PAGE_SIZE) as u32;
+        let after = (self.region.end() / PAGE_SIZE) as u32;
         if after > before {
             let heap = self.heap();
             // SAFETY: pages past the mapped end are fenced by this pool
@@ -1459,11 +1536,14 @@ impl<B: Backend> Pool<B> {
         let mut mapped = self.region.mapped();
         // Whole mappings from the end (a chunk each, or a piece of the
         // bank), the first one kept.
-        while let Some((start, _)) = self.region.last_extent() {
+        while let Some((start, len)) = self.region.last_extent() {
             if mapped <= keep.max(chunk) || start == 0 {
                 break;
             }
-            let (from, to) = ((start / PAGE_SIZE) as u32, (mapped / PAGE_SIZE) as u32);
+            let (from, to) = (
+                (start / PAGE_SIZE) as u32,
+                ((start + len) / PAGE_SIZE) as u32,
+            );
             if !heap.fence(from, to) {
                 break; // a page of the last mapping is in use
             }
@@ -1484,7 +1564,9 @@ impl<B: Backend> Pool<B> {
                     return Err(e);
                 }
             }
-            heap.set_limit(from);
+            // Holes before the mapping went with it: their pages stay
+            // fenced, past the end.
+            heap.set_limit((self.region.end() / PAGE_SIZE) as u32);
         }
         Ok(mapped)
     }

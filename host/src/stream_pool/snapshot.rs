@@ -50,11 +50,19 @@ impl<B: Backend> Pool<B> {
         let stats = self.stats();
         let mappings = self.region.mappings();
         let mapped = self.region.mapped();
-        let pages_mapped = (mapped / PAGE_SIZE).min(heap.page_count() as usize);
+        let pages_mapped = (self.region.end() / PAGE_SIZE).min(heap.page_count() as usize);
+        // Holes (whole free chunks moved to the end) have no pages.
+        let holes: Vec<(usize, usize)> = (self.region.holes().into_iter())
+            .map(|(at, len)| (at / PAGE_SIZE, (at + len) / PAGE_SIZE))
+            .collect();
         let (descs, geo) = (heap.descs(), heap.geometry());
         let mut runs: Vec<PageRun> = Vec::new();
         let mut i = 0usize;
         while i < pages_mapped {
+            if let Some(&(_, to)) = holes.iter().find(|&&(from, to)| (from..to).contains(&i)) {
+                i = to;
+                continue;
+            }
             let d = &descs[i];
             let offset = i * PAGE_SIZE;
             let (run, len) = match decode_kind(d.kind.load(Ordering::Acquire)) {
@@ -104,7 +112,11 @@ impl<B: Backend> Pool<B> {
                 // or a class page being made: drawn as free.
                 _ => {
                     match runs.last_mut() {
-                        Some(PageRun::Free { pages, .. }) => *pages += 1,
+                        Some(PageRun::Free { offset: at, pages })
+                            if *at + *pages as usize * PAGE_SIZE == offset =>
+                        {
+                            *pages += 1
+                        }
                         _ => runs.push(PageRun::Free { offset, pages: 1 }),
                     }
                     i += 1;

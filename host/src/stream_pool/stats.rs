@@ -29,6 +29,9 @@ pub struct PoolStats {
     /// Blocks taken from another stream's cache (with an event wait).
     pub cross_stream_reuse: u64,
     pub grows: u64,
+    /// Growths that moved whole free mappings from between blocks in use
+    /// to the end, instead of mapping new memory for them.
+    pub moves: u64,
     /// Times a cache gave blocks back: shed to the heap behind its
     /// stream's guard (a cache past its bound, a dropped stream, a pool
     /// short of memory), or retired to wait for an event
@@ -58,6 +61,7 @@ pub(super) const GROWS: usize = 0;
 pub(super) const FLUSHES: usize = 1;
 pub(super) const BAD: usize = 2;
 pub(super) const RETIRES: usize = 3;
+pub(super) const MOVES: usize = 4;
 
 impl<B: Backend> Pool<B> {
     /// Free bytes of the mapped heap and its largest free run, in one pass.
@@ -146,6 +150,7 @@ impl<B: Backend> Pool<B> {
             cross_stream_reuse: per_stream[CROSS] + gone[CROSS],
             retired: self.retired_bytes.load(Ordering::Relaxed),
             grows: c(GROWS),
+            moves: c(MOVES),
             retires: c(RETIRES),
             flushes: c(FLUSHES),
             bad_frees: c(BAD),
