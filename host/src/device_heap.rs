@@ -230,6 +230,7 @@ impl DeviceHeap {
         let mut seen = self.shortfall()?;
         for attempt in 0..max_launches {
             launch(attempt)?;
+            crate::driver::before_bind();
             self.ctx.synchronize().during("cuCtxSynchronize")?;
             let now = self.shortfall()?;
             let (failed, bytes) = (now.0 - seen.0, now.1 - seen.1);
@@ -281,6 +282,7 @@ impl DeviceHeap {
     }
 
     fn short_of(&self, bytes: usize) -> Error {
+        crate::driver::before_bind();
         Error::OutOfMemory {
             requested: bytes,
             reserved: self.capacity(),

@@ -202,6 +202,7 @@ impl Gpu {
 
     /// Waits for all work on the stream and reports any kernel fault.
     pub fn sync(&self) -> Result<()> {
+        before_bind();
         self.stream.synchronize().during("cuStreamSynchronize")
     }
 
@@ -250,6 +251,7 @@ impl Gpu {
     /// Times `work` with CUDA events on the stream; returns milliseconds.
     pub fn time<F: FnOnce() -> Result<()>>(&self, work: F) -> Result<f32> {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        before_bind(); // the events' calls and drops bind
         let start = self.ctx.new_event(flags).during("cuEventCreate")?;
         let stop = self.ctx.new_event(flags).during("cuEventCreate")?;
         start.record(&self.stream).during("cuEventRecord")?;

@@ -68,6 +68,13 @@ impl Doorbell {
     }
 }
 
+impl Drop for Grower {
+    fn drop(&mut self) {
+        // The stream's drop (cudarc's) makes its context current.
+        crate::driver::before_bind();
+    }
+}
+
 impl Drop for Doorbell {
     fn drop(&mut self) {
         // The owner (the heap) outlives every kernel that rings it.
@@ -127,6 +134,7 @@ impl Grower {
         region: VmmRegion,
         counters: u64,
     ) -> Result<Arc<Grower>> {
+        crate::driver::before_bind();
         let stream = ctx.new_stream().during("cuStreamCreate")?;
         Ok(Arc::new(Grower {
             region,

@@ -26,11 +26,16 @@ pub struct Snapshot {
     pub page_size: usize,
     /// Address space reserved.
     pub reserved: usize,
-    /// Bytes mapped, from `base`.
+    /// Bytes of physical memory the pool holds.
     pub mapped: usize,
     /// Each mapping (physical memory mapped in one piece).
     pub mappings: Vec<Extent>,
-    /// The mapped pages, in address order, covering `0..mapped`.
+    /// Address ranges below the end whose memory moved to the end
+    /// (unmapped, never handed out): no page run covers them.
+    #[cfg_attr(feature = "json", serde(default))]
+    pub holes: Vec<Extent>,
+    /// The mapped pages, in address order, covering `0..end()` but the
+    /// holes.
     pub pages: Vec<PageRun>,
     /// What each stream caches.
     pub streams: Vec<StreamHold>,
@@ -261,36 +266,28 @@ impl Snapshot {
 
     /// Checks what a snapshot read from elsewhere must hold before it is
     /// drawn: a page size of at least 4 KiB (a power of two), at most
-    /// [`MAX_PAGES`] mapped pages, page runs that cover `0..mapped` in
-    /// order (a gap only where no mapping is: a hole), class pages whose
-    /// counts add up (`live + cached <= used <= capacity`), and mappings
-    /// inside the reserved range.
+    /// [`MAX_PAGES`] mapped pages, page runs that cover `0..end()` in
+    /// order (a gap only where a hole is listed), class pages whose counts
+    /// add up (`live + cached <= used <= capacity`), and mappings and
+    /// holes inside the reserved range.
     pub fn check(&self) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidArgument(format!("snapshot: {what}")));
         let ps = self.page_size;
         if ps < 4096 || !ps.is_power_of_two() {
             return bad(format!("page size {ps}"));
         }
-        if self.mapped / ps > MAX_PAGES {
-            return bad(format!(
-                "{} bytes mapped: more than {MAX_PAGES} pages",
-                self.mapped
-            ));
+        let end = self.end();
+        if end / ps > MAX_PAGES {
+            return bad(format!("{end} bytes mapped: more than {MAX_PAGES} pages"));
         }
-        // Page runs cover the mappings in order; a gap is a hole no
-        // mapping covers (whole free chunks moved to the end).
-        let mapped_at = |from: usize, to: usize| {
-            (self.mappings.iter()).any(|e| e.offset < to && from < e.offset + e.len)
-        };
-        let limit = (self.mappings.iter())
-            .map(|e| e.offset + e.len)
-            .max()
-            .unwrap_or(0)
-            .max(self.mapped);
         let mut at = 0usize;
         for r in &self.pages {
-            if r.offset() > at && !mapped_at(at, r.offset()) {
-                at = r.offset();
+            // A gap is allowed only where holes are listed.
+            while r.offset() > at {
+                match self.holes.iter().find(|h| h.offset == at && h.len > 0) {
+                    Some(h) => at += h.len,
+                    None => break,
+                }
             }
             if r.offset() != at || r.pages() == 0 {
                 return bad(format!(
@@ -316,25 +313,36 @@ impl Snapshot {
                 .checked_mul(ps)
                 .and_then(|n| at.checked_add(n))
             {
-                Some(end) if end <= limit => at = end,
-                _ => return bad(format!("a page run at {at} past the {limit} bytes mapped")),
+                Some(next) if next <= end => at = next,
+                _ => return bad(format!("a page run at {at} past the {end} bytes mapped")),
             }
         }
-        if at != limit {
-            return bad(format!("page runs cover {at} bytes of {limit} mapped"));
+        while let Some(h) = self.holes.iter().find(|h| h.offset == at && h.len > 0) {
+            at += h.len;
         }
-        for m in &self.mappings {
-            if m.offset
-                .checked_add(m.len)
-                .is_none_or(|end| end > self.reserved.max(self.mapped))
-            {
+        if at != end {
+            return bad(format!("page runs cover {at} bytes of {end} mapped"));
+        }
+        for m in self.mappings.iter().chain(&self.holes) {
+            let room = self.reserved.max(self.mapped);
+            if m.offset.checked_add(m.len).is_none_or(|e| e > room) {
                 return bad(format!(
-                    "a mapping of {} bytes at {} past the mapped range",
+                    "a mapping or hole of {} bytes at {} past the reserved range",
                     m.len, m.offset
                 ));
             }
         }
         Ok(())
+    }
+
+    /// The end of the mapped range from `base`: the pool's memory and its
+    /// holes.
+    pub fn end(&self) -> usize {
+        (self.mappings.iter().chain(&self.holes))
+            .map(|e| e.offset.saturating_add(e.len))
+            .max()
+            .unwrap_or(0)
+            .max(self.mapped)
     }
 
     /// The mapped range as a grid of pages, one row per `cols` pages,
@@ -343,7 +351,7 @@ impl Snapshot {
         const WIDTH: usize = 1024;
         const LEFT: usize = 80;
         let ps = self.page_size.max(1);
-        let pages = (self.mapped / ps).clamp(1, MAX_PAGES);
+        let pages = (self.end() / ps).clamp(1, MAX_PAGES);
         let cols = pages.div_ceil(512).next_power_of_two().clamp(128, WIDTH);
         let w = (WIDTH / cols).max(1);
         let h = if cols >= 512 { 3 } else { 6 };

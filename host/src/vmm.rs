@@ -235,6 +235,18 @@ impl<B: Backend> Drop for Reservation<B> {
     }
 }
 
+/// A region's mappings and holes ([`Region::layout`]): offsets from its
+/// base and lengths, in address order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    pub mappings: Vec<(usize, usize)>,
+    pub holes: Vec<(usize, usize)>,
+    /// Memory held ([`Region::mapped`]).
+    pub mapped: usize,
+    /// The range's end ([`Region::end`]).
+    pub end: usize,
+}
+
 /// Reserved address space (carved from a [`Reservation`]) with the first
 /// `mapped()` bytes mapped.
 pub struct Region<B: Backend> {
@@ -377,20 +389,85 @@ impl<B: Backend> Region<B> {
     /// The holes: each one's offset from `base` and length, in address
     /// order.
     pub fn holes(&self) -> Vec<(usize, usize)> {
+        self.layout().holes
+    }
+
+    /// The mappings, the holes, the memory held and the range's end, read
+    /// together.
+    pub fn layout(&self) -> Layout {
         let m = self.lock();
-        m.all(0)
-            .filter(|&(_, _, mapped)| !mapped)
-            .map(|(at, len, _)| (at as usize, len))
-            .collect()
+        let pick = |want: bool| {
+            m.all(0)
+                .filter(|&(_, _, mapped)| mapped == want)
+                .map(|(at, len, _)| (at as usize, len))
+                .collect()
+        };
+        Layout {
+            mappings: pick(true),
+            holes: pick(false),
+            mapped: m.physical,
+            end: m.end,
+        }
+    }
+
+    /// Maps memory into every hole again (spare pieces of the same length
+    /// first, else new memory): what a pool does once its range's end
+    /// reaches the reservation's. Returns the ranges filled (offset from
+    /// `base`, length), which the owner may hand out again; on an error
+    /// the holes filled before it are returned with it.
+    pub fn fill_holes(&self) -> (Vec<(usize, usize)>, Result<()>) {
+        let mut m = self.lock();
+        let backend = &self.res.backend;
+        let mut filled = Vec::new();
+        let holes: Vec<(usize, usize, usize)> = (m.all(0).enumerate())
+            .filter(|&(_, (_, _, mapped))| !mapped)
+            .map(|(i, (at, len, _))| (i, at as usize, len))
+            .collect();
+        for (i, at, len) in holes {
+            let spare = m.spare.iter().position(|(l, _)| *l == len);
+            let memory = match spare {
+                Some(k) => m.spare.swap_remove(k).1,
+                None => match backend.create(len) {
+                    Ok(memory) => {
+                        self.res.created.fetch_add(len, Ordering::Relaxed);
+                        self.res.note(self.part, len as isize);
+                        m.physical += len;
+                        memory
+                    }
+                    Err(e) => return (filled, Err(e)),
+                },
+            };
+            let addr = self.base + at as u64;
+            // SAFETY: the hole is inside the region and nothing is mapped
+            // there (the invariant on `Extents`).
+            if let Err(e) = unsafe { backend.map(addr, len, &memory) } {
+                m.spare.push((len, memory)); // still held, still counted
+                return (filled, Err(e));
+            }
+            // SAFETY: just mapped.
+            if let Err(e) = unsafe { backend.set_access(addr, len, &m.peers) } {
+                // SAFETY: mapped above, used by nothing yet.
+                match unsafe { backend.unmap(addr, len) } {
+                    Ok(()) => m.spare.push((len, memory)),
+                    // Still mapped: never hand it out again (it leaks).
+                    Err(_) => std::mem::forget(memory),
+                }
+                return (filled, Err(e));
+            }
+            m.list[i].1 = Some(memory);
+            filled.push((at, len));
+        }
+        (filled, Ok(()))
     }
 
     fn lock(&self) -> MutexGuard<'_, Extents<B>> {
         self.mapped.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Maps chunks, one mapping each (or banked pieces of a shared
-    /// reservation), until at least `bytes` are mapped: the region can
-    /// then shrink a mapping at a time. Returns the mapped size;
+    /// Maps chunks, one mapping each (or spare or banked pieces), until
+    /// the mapped range reaches at least `bytes` from `base`: the region
+    /// can then shrink a mapping at a time. Returns the range's end
+    /// ([`Region::end`]);
     /// [`Error::OutOfMemory`] when the device or the range is full (what
     /// was mapped before the failure stays mapped).
     pub fn grow_to(&self, bytes: usize) -> Result<usize> {
@@ -406,10 +483,10 @@ impl<B: Backend> Region<B> {
     /// of new memory: one `create`, one `map` and one `set_access`,
     /// whatever the size, so a large step costs about what a chunk does
     /// (it shrinks only as a whole). Banked memory of a shared
-    /// reservation goes first, one mapping per piece. Returns the mapped
-    /// size, which is short of `bytes` when pieces were mapped and then
-    /// new memory could not be; errors as [`Region::grow_to`] when nothing
-    /// could be mapped.
+    /// reservation goes first, one mapping per piece. Returns the range's
+    /// end ([`Region::end`]), which is short of `bytes` when pieces were
+    /// mapped and then new memory could not be; errors as
+    /// [`Region::grow_to`] when nothing could be mapped.
     pub fn grow_at_once(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
         self.check_fits(bytes)?;
@@ -469,20 +546,32 @@ impl<B: Backend> Region<B> {
                 e => e,
             })?,
         };
+        // Memory that fails to map goes back where it came from.
+        let back = |m: &mut Extents<B>, memory| match spare {
+            Some(_) => m.spare.push((len, memory)),
+            None => self.res.give(len, memory),
+        };
         // SAFETY: `at..at + len` is inside the region (`len`, `room` and
         // `take` keep to the rest of the range) and past every extent (the
         // invariant on `Extents`).
         if let Err(e) = unsafe { backend.map(at, len, &memory) } {
-            self.res.give(len, memory);
+            back(m, memory);
             return Err(e);
         }
         // SAFETY: just mapped.
         if let Err(e) = unsafe { backend.set_access(at, len, &m.peers) } {
             // SAFETY: mapped above, used by nothing yet.
             match unsafe { backend.unmap(at, len) } {
-                Ok(()) => self.res.give(len, memory),
-                // Still mapped: never hand it out again (it leaks).
-                Err(_) => std::mem::forget(memory),
+                Ok(()) => back(m, memory),
+                // Still mapped: never hand it out again (it leaks, and
+                // stays counted).
+                Err(_) => {
+                    if spare.is_none() {
+                        self.res.note(self.part, len as isize);
+                        m.physical += len;
+                    }
+                    std::mem::forget(memory)
+                }
             }
             return Err(e);
         }
@@ -500,7 +589,9 @@ impl<B: Backend> Region<B> {
 
     /// Unmaps the mapping that starts at `offset` (from `base`) and keeps
     /// its memory for the next growth ([`Region::grow_to`] maps it at the
-    /// end before any other): the range stays a hole, never mapped again.
+    /// end before any other): the range stays a hole until
+    /// [`Region::fill_holes`] maps it again or [`Region::shrink_to`] takes
+    /// the end back past it.
     /// Returns its length. An offset where no mapping starts, or the last
     /// mapping, is an [`Error::InvalidArgument`].
     ///
@@ -671,8 +762,9 @@ impl<B: Backend> Region<B> {
         m.list.last().map(|&(len, _)| (m.end - len, len))
     }
 
-    /// Unmaps mappings from the end while at least `bytes` stay mapped: a
-    /// mapping that straddles `bytes` stays. Returns the mapped size.
+    /// Unmaps mappings from the end while the range still reaches `bytes`:
+    /// a mapping that straddles `bytes` stays; holes at the new end go
+    /// too. Returns the memory held afterwards ([`Region::mapped`]).
     ///
     /// # Safety
     ///
@@ -821,5 +913,41 @@ mod tests {
             assert_eq!(r.shrink_to(0).unwrap(), 0);
         }
         assert_eq!(r.backend().physical(), 0);
+    }
+
+    /// A spare piece that fails to map stays spare and counted; filling
+    /// the holes maps spare pieces back where they were, then new memory.
+    #[test]
+    fn spare_memory_survives_a_failed_map_and_fills_holes() {
+        let r = Region::with_backend(HostBackend::new(64 << 10, usize::MAX), 16 * MIB, 2 * MIB)
+            .unwrap();
+        r.grow_to(8 * MIB).unwrap();
+        // SAFETY: nothing uses host-backed test memory.
+        unsafe {
+            r.punch(2 * MIB).unwrap();
+            r.punch(4 * MIB).unwrap();
+        }
+        let physical = r.backend().physical();
+        r.backend()
+            .refuse_access_at(r.base() + 8 * MIB as u64, true, false);
+        assert!(r.grow_to(10 * MIB).is_err());
+        assert_eq!((r.mapped(), r.end()), (8 * MIB, 8 * MIB));
+        assert_eq!(r.reservation().stats().pool_mapped, 8 * MIB);
+        assert_eq!(
+            r.backend().physical(),
+            physical,
+            "nothing created, nothing lost"
+        );
+        r.backend()
+            .refuse_access_at(r.base() + 8 * MIB as u64, false, false);
+        assert_eq!(r.grow_to(10 * MIB).unwrap(), 10 * MIB, "a spare piece");
+        let (filled, done) = r.fill_holes();
+        done.unwrap();
+        assert_eq!(filled, vec![(2 * MIB, 2 * MIB), (4 * MIB, 2 * MIB)]);
+        assert!(r.holes().is_empty());
+        assert_eq!(r.mappings().len(), 5);
+        assert_eq!((r.mapped(), r.end()), (10 * MIB, 10 * MIB));
+        assert_eq!(r.backend().physical(), physical + 2 * MIB);
+        assert_eq!(r.reservation().stats().pool_mapped, 10 * MIB);
     }
 }

@@ -1125,3 +1125,66 @@ fn a_whole_free_chunk_between_blocks_moves_to_the_end() {
     mark(&pool, after, 4 * MIB, 9, true).unwrap();
     pool.free(after, &s).unwrap();
 }
+
+/// Free chunks at the end stay where they are: the growth counts on them.
+#[test]
+fn the_free_tail_never_moves() {
+    let pool = shedding_pool();
+    let s = HostStream::new();
+    let [x, y, z] = [0, 1, 2].map(|_| pool.alloc(2 * MIB, &s).unwrap());
+    s.enqueue();
+    pool.free(y, &s).unwrap();
+    pool.free(z, &s).unwrap();
+    let w = pool.alloc(6 * MIB, &s).unwrap();
+    assert_eq!(w - pool.base(), 2 * MIB as u64);
+    let st = pool.stats();
+    assert_eq!((st.moves, st.reserved), (0, 8 * MIB));
+    for p in [x, w] {
+        pool.free(p, &s).unwrap();
+    }
+}
+
+/// Once the range's end reaches the reservation's, the holes that moves
+/// left are mapped again and serve: every byte of the reservation can be
+/// handed out.
+#[test]
+fn holes_serve_again_once_the_range_is_used_up() {
+    let cfg = PoolConfig {
+        initial: 2 * MIB,
+        chunk: 2 * MIB,
+        stream_cache_limit: 64 * KIB,
+        ..PoolConfig::new(32 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let s = HostStream::new();
+    let [x, y, z] = [0, 1, 2].map(|_| pool.alloc(2 * MIB, &s).unwrap());
+    s.enqueue();
+    pool.free(y, &s).unwrap();
+    let w = pool.alloc(4 * MIB, &s).unwrap();
+    assert_eq!(pool.stats().moves, 1);
+    let mut blocks = vec![x, z, w];
+    while let Ok(p) = pool.alloc(2 * MIB, &s) {
+        blocks.push(p);
+    }
+    let st = pool.stats();
+    assert_eq!(
+        (st.in_use, st.reserved),
+        (32 * MIB, 32 * MIB),
+        "the hole serves again"
+    );
+    let mut starts: Vec<u64> = blocks.iter().map(|p| p - pool.base()).collect();
+    starts.sort();
+    assert!(
+        starts.contains(&(2 * MIB as u64)),
+        "a block in the former hole"
+    );
+    for (i, p) in blocks.iter().enumerate() {
+        let len = pool.size_of(*p).unwrap();
+        mark(&pool, *p, len, i as u64, false).unwrap();
+    }
+    for (i, p) in blocks.iter().enumerate() {
+        let len = pool.size_of(*p).unwrap();
+        mark(&pool, *p, len, i as u64, true).unwrap();
+        pool.free(*p, &s).unwrap();
+    }
+}

@@ -3,7 +3,9 @@
 //! call when nothing did.
 //!
 //! Every place in this crate that may make another context current (a
-//! bind, or a cudarc call or drop that binds) calls [`before_bind`] first.
+//! bind, or a cudarc call or drop that binds) calls [`before_bind`] first
+//! (once per function is enough: after the first read the guard keeps
+//! what it read).
 //! The first such call inside a [`KeepContext`] reads the thread's current
 //! context; the guard's drop restores it. A call that binds nothing (the
 //! pool's cached paths) reads nothing and restores nothing.

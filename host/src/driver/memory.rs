@@ -169,6 +169,7 @@ pub(crate) unsafe fn copy_to_device_on<T>(dst: u64, src: &[T], stream: &CudaStre
     // SAFETY: forwarded from the caller.
     unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) }
         .during("cuMemcpyHtoDAsync")?;
+    super::before_bind();
     stream.synchronize().during("cuStreamSynchronize")
 }
 
@@ -189,6 +190,7 @@ pub(crate) unsafe fn copy_from_device_on<T>(
     // stream is synchronised below.
     unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }
         .during("cuMemcpyDtoHAsync")?;
+    super::before_bind();
     stream.synchronize().during("cuStreamSynchronize")
 }
 

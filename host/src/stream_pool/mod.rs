@@ -1283,6 +1283,13 @@ impl<B: Backend> Pool<B> {
             return Some(p as usize as u64); // another thread grew it
         }
         for whole in [false, true] {
+            if whole && self.region.end() >= self.region.reserved() {
+                // The range is used up: what moved away maps back.
+                self.fill_holes();
+                if let Ok(p) = heap.alloc(size, slot) {
+                    return Some(p as usize as u64);
+                }
+            }
             let need = if size <= MAX_CLASS_SIZE {
                 size + 16 * PAGE_SIZE
             } else if whole {
@@ -1313,8 +1320,11 @@ impl<B: Backend> Pool<B> {
     /// stays fenced, a hole, and its memory is mapped again at the end
     /// (`Region::punch`). Nothing moves in a pool whose memory other
     /// processes may map (their offsets would change), in a graph's pool,
-    /// or when the holes would take the second half of the reservation.
-    /// Returns the bytes moved. Callers hold `grow_lock`.
+    /// or once the range's end would pass the middle of the reservation
+    /// (growth goes on from there to the reservation's end, and then fills
+    /// the holes: [`Pool::fill_holes`]). The free pages at the end, which
+    /// the growth counts on, never move. Returns the bytes moved. Callers
+    /// hold `grow_lock`.
     fn move_free_mappings(&self, need: usize) -> usize {
         if self.graph || self.shareable {
             return 0;
@@ -1325,10 +1335,11 @@ impl<B: Backend> Pool<B> {
             return 0;
         };
         let page = |bytes: usize| (bytes / PAGE_SIZE) as u32;
+        let tail = (heap.limit() - heap.free_tail()) as usize * PAGE_SIZE;
         let mut fenced = Vec::new();
         let mut bytes = 0;
         for &(at, len) in &mappings {
-            if at == last || bytes >= need {
+            if at == last || at + len > tail || bytes >= need {
                 break;
             }
             if heap.fence(page(at), page(at + len)) {
@@ -1365,6 +1376,21 @@ impl<B: Backend> Pool<B> {
             self.bump(MOVES);
         }
         moved
+    }
+
+    /// Maps memory into every hole again and opens their pages: the
+    /// range's end has reached the reservation's, so the address space
+    /// that moves left behind serves again. Callers hold `grow_lock`.
+    fn fill_holes(&self) {
+        let heap = self.heap();
+        let (filled, _) = self.region.fill_holes();
+        for (at, len) in filled {
+            let (from, to) = ((at / PAGE_SIZE) as u32, ((at + len) / PAGE_SIZE) as u32);
+            // SAFETY: a hole's pages were fenced by `move_free_mappings`
+            // and stayed so (nothing else fences or unfences pages below
+            // the end); the caller holds `grow_lock`.
+            unsafe { heap.unfence(from, to) };
+        }
     }
 
     /// Maps memory until the mapped prefix reaches `bytes` (or the

@@ -48,12 +48,12 @@ impl<B: Backend> Pool<B> {
         }
         streams.sort_by_key(|s| s.stream);
         let stats = self.stats();
-        let mappings = self.region.mappings();
-        let mapped = self.region.mapped();
-        let pages_mapped = (self.region.end() / PAGE_SIZE).min(heap.page_count() as usize);
+        let layout = self.region.layout();
+        let mapped = layout.mapped;
+        let pages_mapped = (layout.end / PAGE_SIZE).min(heap.page_count() as usize);
         // Holes (whole free chunks moved to the end) have no pages.
-        let holes: Vec<(usize, usize)> = (self.region.holes().into_iter())
-            .map(|(at, len)| (at / PAGE_SIZE, (at + len) / PAGE_SIZE))
+        let holes: Vec<(usize, usize)> = (layout.holes.iter())
+            .map(|&(at, len)| (at / PAGE_SIZE, (at + len) / PAGE_SIZE))
             .collect();
         let (descs, geo) = (heap.descs(), heap.geometry());
         let mut runs: Vec<PageRun> = Vec::new();
@@ -132,8 +132,10 @@ impl<B: Backend> Pool<B> {
             page_size: PAGE_SIZE,
             reserved: self.region.reserved(),
             mapped,
-            mappings: mappings
-                .into_iter()
+            mappings: (layout.mappings.into_iter())
+                .map(|(offset, len)| Extent { offset, len })
+                .collect(),
+            holes: (layout.holes.into_iter())
                 .map(|(offset, len)| Extent { offset, len })
                 .collect(),
             pages: runs,
