@@ -82,7 +82,8 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Safety
     ///
-    /// `at..at + bytes` was mapped by one [`Backend::map`] call.
+    /// `at..at + bytes` is whole mappings ([`Backend::map`] calls), one
+    /// after another with no gap.
     unsafe fn set_access(&self, at: u64, bytes: usize, peers: &[i32]) -> Result<()>;
 
     /// Takes device `peer`'s access to a mapped range away (the own

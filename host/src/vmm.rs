@@ -473,10 +473,55 @@ impl<B: Backend> Region<B> {
     pub fn grow_to(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
         self.check_fits(bytes)?;
+        self.map_range(&mut m, |_| self.chunk, bytes, false)
+    }
+
+    /// Maps extents of `step(missing)` bytes at the end until it reaches
+    /// `bytes`, then grants access to all of them in one call (a
+    /// `cuMemSetAccess` costs about what a `cuMemMap` does). A failure
+    /// stops the mapping; with `keep_partial`, what was mapped before it
+    /// stays (and gets access), else the error is returned after that.
+    /// Memory whose access grant fails is unmapped and kept as spare.
+    fn map_range(
+        &self,
+        m: &mut Extents<B>,
+        step: impl Fn(usize) -> usize,
+        bytes: usize,
+        keep_partial: bool,
+    ) -> Result<usize> {
+        let (start, first) = (m.end, m.list.len());
+        let mut failed = None;
         while m.end < bytes {
-            self.map_extent(&mut m, self.chunk)?;
+            if let Err(e) = self.map_extent(m, step(bytes - m.end)) {
+                failed = Some(e);
+                break;
+            }
         }
-        Ok(m.end)
+        if m.end > start {
+            let backend = &self.res.backend;
+            let at = self.base + start as u64;
+            // SAFETY: `start..end` is the extents just mapped, whole and
+            // one after another.
+            if let Err(e) = unsafe { backend.set_access(at, m.end - start, &m.peers) } {
+                while m.list.len() > first {
+                    let (len, memory) = m.list.pop().expect("an extent mapped above");
+                    let memory = memory.expect("mapped, not a hole");
+                    m.end -= len;
+                    // SAFETY: mapped above, used by nothing yet.
+                    match unsafe { backend.unmap(self.base + m.end as u64, len) } {
+                        Ok(()) => m.spare.push((len, memory)), // held, counted
+                        // Still mapped: never hand it out again (it leaks).
+                        Err(_) => std::mem::forget(memory),
+                    }
+                }
+                return Err(e);
+            }
+        }
+        match failed {
+            Some(_) if keep_partial && m.end > start => Ok(m.end),
+            Some(e) => Err(e),
+            None => Ok(m.end),
+        }
     }
 
     /// Maps what is missing up to `bytes` (whole chunks) as one mapping
@@ -490,17 +535,15 @@ impl<B: Backend> Region<B> {
     pub fn grow_at_once(&self, bytes: usize) -> Result<usize> {
         let mut m = self.lock();
         self.check_fits(bytes)?;
-        // One mapping of new memory; banked pieces, one mapping each.
-        let before = m.end;
-        while m.end < bytes {
-            let len = (bytes - m.end).next_multiple_of(self.chunk);
-            match self.map_extent(&mut m, len) {
-                Ok(()) => {}
-                Err(_) if m.end > before => break, // what was mapped opens
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(m.end)
+        // One mapping of new memory; banked pieces, one mapping each; what
+        // was mapped before a failure opens.
+        let chunk = self.chunk;
+        self.map_range(
+            &mut m,
+            |missing| missing.next_multiple_of(chunk),
+            bytes,
+            true,
+        )
     }
 
     fn check_fits(&self, bytes: usize) -> Result<()> {
@@ -514,7 +557,8 @@ impl<B: Backend> Region<B> {
         Ok(())
     }
 
-    /// Maps memory at the mapped end: a spare piece of this region's holes
+    /// Maps memory at the mapped end, without access yet (the caller
+    /// grants it, [`Region::map_range`]): a spare piece of this region's holes
     /// that fits the range, else a banked piece (which may be shorter or
     /// longer than `len`, within the range; the first mapping takes none
     /// longer, as a pool keeps its first mapping), else `len` bytes (whole
@@ -546,32 +590,14 @@ impl<B: Backend> Region<B> {
                 e => e,
             })?,
         };
-        // Memory that fails to map goes back where it came from.
-        let back = |m: &mut Extents<B>, memory| match spare {
-            Some(_) => m.spare.push((len, memory)),
-            None => self.res.give(len, memory),
-        };
         // SAFETY: `at..at + len` is inside the region (`len`, `room` and
         // `take` keep to the rest of the range) and past every extent (the
         // invariant on `Extents`).
         if let Err(e) = unsafe { backend.map(at, len, &memory) } {
-            back(m, memory);
-            return Err(e);
-        }
-        // SAFETY: just mapped.
-        if let Err(e) = unsafe { backend.set_access(at, len, &m.peers) } {
-            // SAFETY: mapped above, used by nothing yet.
-            match unsafe { backend.unmap(at, len) } {
-                Ok(()) => back(m, memory),
-                // Still mapped: never hand it out again (it leaks, and
-                // stays counted).
-                Err(_) => {
-                    if spare.is_none() {
-                        self.res.note(self.part, len as isize);
-                        m.physical += len;
-                    }
-                    std::mem::forget(memory)
-                }
+            // Memory that fails to map goes back where it came from.
+            match spare {
+                Some(_) => m.spare.push((len, memory)),
+                None => self.res.give(len, memory),
             }
             return Err(e);
         }

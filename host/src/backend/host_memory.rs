@@ -365,26 +365,33 @@ impl HostBackend {
     /// Changes the access bits of the mapping at `at`, which must be
     /// exactly `bytes` long (an error if a test refuses it: `grant` says
     /// which kind of change this is).
-    fn access(
-        &self,
-        at: u64,
-        bytes: usize,
-        grant: bool,
-        change: impl FnOnce(&mut u64),
-    ) -> Result<()> {
+    fn access(&self, at: u64, bytes: usize, grant: bool, change: impl Fn(&mut u64)) -> Result<()> {
         let refused = lock(&self.refused)
             .iter()
             .any(|&(a, g, r)| a == at && if grant { g } else { r });
-        match lock(&self.state).mapped.get_mut(&at) {
-            Some(_) if refused => Err(Error::InvalidArgument(format!(
-                "access change at {at:#x} refused (HostBackend::refuse_access_at)"
-            ))),
-            Some(m) if m.bytes == bytes => {
-                change(&mut m.access);
-                Ok(())
+        let mut state = lock(&self.state);
+        // Whole mappings, one after another from `at`, that end at
+        // `at + bytes` (as the driver requires).
+        let mut next = at;
+        let end = at + bytes as u64;
+        for (&start, m) in state.mapped.range(at..end) {
+            if start != next {
+                break;
             }
-            _ => panic!("access change on {bytes} bytes at {at:#x}, which is not one mapping"),
+            next = start + m.bytes as u64;
         }
+        if next != end || bytes == 0 {
+            panic!("access change on {bytes} bytes at {at:#x}, which are not whole mappings");
+        }
+        if refused {
+            return Err(Error::InvalidArgument(format!(
+                "access change at {at:#x} refused (HostBackend::refuse_access_at)"
+            )));
+        }
+        for (_, m) in state.mapped.range_mut(at..end) {
+            change(&mut m.access);
+        }
+        Ok(())
     }
 
     fn count(&self, f: impl FnOnce(&mut HostCounts)) {
