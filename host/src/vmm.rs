@@ -4,6 +4,9 @@
 //! [`Region`]s are carved from it: each is a slab that grows in place
 //! (physical memory mapped behind a growing prefix, chunk by chunk or a
 //! step at once) and shrinks from the end, so addresses never move. A
+//! mapping in the middle can be unmapped ([`Region::punch`]): its range
+//! becomes a hole and its memory maps at the end on the next growth
+//! (blocks stay where they are; free memory moves). A
 //! host [`Pool`](crate::Pool) and growable
 //! [`DeviceHeap`](crate::DeviceHeap)s can share one reservation
 //! ([`Reservation::shared`]): physical memory one of them unmaps is kept
@@ -247,8 +250,8 @@ pub struct Layout {
     pub end: usize,
 }
 
-/// Reserved address space (carved from a [`Reservation`]) with the first
-/// `mapped()` bytes mapped.
+/// Reserved address space (carved from a [`Reservation`]) whose first
+/// `end()` bytes are mapped, but for holes ([`Region::punch`]).
 pub struct Region<B: Backend> {
     res: Arc<Reservation<B>>,
     part: Part,
