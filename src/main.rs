@@ -111,6 +111,10 @@ enum Command {
         /// `BENCH_PTX` (e.g. `cuheap_bench.ptx` of a build with other settings).
         #[arg(long)]
         ptx: Option<PathBuf>,
+        /// The device benchmark's heap looks at far SMs' lists before it
+        /// takes a fresh page (`DeviceHeap::set_far_lists`).
+        #[arg(long)]
+        far_lists: bool,
     },
 }
 
@@ -330,6 +334,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             sizes,
             ptx,
             no_cuda,
+            far_lists,
         } => {
             let mut out = serde_json::Map::new();
             // Rows with failed allocations, frees or errors: shown in the
@@ -363,6 +368,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                             cfg.sizes = s;
                         }
                         cfg.cuda = !no_cuda;
+                        cfg.far_lists = far_lists;
                         if let Some(path) = &ptx {
                             println!("kernels from {}", path.display());
                         }

@@ -167,21 +167,18 @@ fn double_interior_and_foreign_frees_are_counted_and_harmless() {
     assert_empty(&h);
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn stress_4m_threads_random_sizes() {
-    let gpu = gpu();
-    let h = heap(&gpu, 24 << 30);
-    let b = Bufs::new(&gpu, 1);
-    let n = 4 << 20;
-    for seed in 0..3u32 {
+/// `seeds` launches of the random stress (`n` threads, 4 rounds of 2
+/// blocks each) on `h`: no null, no damaged block, everything returned.
+fn stress(gpu: &Gpu, h: &DeviceHeap, n: u32, seeds: u32) {
+    let b = Bufs::new(gpu, 1);
+    for seed in 0..seeds {
         // SAFETY: `b.errors` holds two u32s; it and the heap outlive the
         // launch, which is waited for below.
         unsafe {
             b.kernels
                 .stress_heap(
                     &LaunchConfig::for_threads(n),
-                    &h,
+                    h,
                     n,
                     4,
                     seed,
@@ -195,8 +192,16 @@ fn stress_4m_threads_random_sizes() {
             [0, 0],
             "seed {seed}: [nulls, damaged blocks]"
         );
-        assert_empty(&h);
+        assert_empty(h);
     }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn stress_4m_threads_random_sizes() {
+    let gpu = gpu();
+    let h = heap(&gpu, 24 << 30);
+    stress(&gpu, &h, 4 << 20, 3);
     let s = h.stats().unwrap();
     assert_eq!((s.bad_frees, s.failed_allocs), (0, 0));
     println!(
@@ -513,4 +518,37 @@ fn allocation_kernels_keep_two_blocks_per_sm() {
         println!("{k}: {r} registers");
         assert!(r <= cap, "{k} takes {r} registers a thread (cap {cap})");
     }
+}
+
+/// With far lists ([`DeviceHeap::set_far_lists`]) the heap passes the
+/// random stress (no overlap, everything returned) and, under the
+/// benchmark's churn (1M threads, 20 rounds, blocks filled and checked
+/// whole, counts checked against the workload), holds no more than the
+/// same heap without them: installs take partly used pages from far SMs'
+/// lists before fresh pages.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn far_lists_keep_blocks_whole_and_hold_no_more_under_churn() {
+    let gpu = gpu();
+    let h = heap(&gpu, 8 << 30);
+    h.set_far_lists(true).unwrap();
+    stress(&gpu, &h, 4 << 20, 2);
+    drop(h);
+    let churn = |far_lists: bool| {
+        let h = heap(&gpu, 8 << 30);
+        h.set_far_lists(far_lists).unwrap();
+        // SAFETY: no kernel uses the new heap.
+        let rounds = unsafe { cuheap::bench::device::run_churn(&gpu, &h, 1 << 20, 20) }.unwrap();
+        for r in &rounds {
+            assert_eq!((r.nulls, r.errors), (0, 0), "far lists {far_lists}: {r:?}");
+        }
+        rounds.iter().map(|r| r.footprint_ratio).collect::<Vec<_>>()
+    };
+    let (near, far) = (churn(false), churn(true));
+    println!("footprint / live per round, near lists only: {near:.3?}");
+    println!("footprint / live per round, far lists too:   {far:.3?}");
+    assert!(
+        far[far.len() - 1] <= near[near.len() - 1],
+        "far lists hold more after the last round"
+    );
 }

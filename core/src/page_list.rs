@@ -64,4 +64,9 @@ impl<'a> PageList<'a> {
     pub fn is_empty(&self) -> bool {
         self.head.load(Ordering::Relaxed) & INDEX_MASK == 0
     }
+
+    /// The head's tag (a snapshot): it changes with every push and pop.
+    pub fn tag(&self) -> u32 {
+        (self.head.load(Ordering::Relaxed) >> 32) as u32
+    }
 }

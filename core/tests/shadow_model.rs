@@ -139,10 +139,16 @@ fn run<W: Word>(pages: u32, actions: Vec<Action>) {
 
 /// [`run`] with the heap's pages placed by `placement` (`Placement` bits).
 fn run_placed<W: Word>(pages: u32, placement: u64, actions: Vec<Action>) {
+    run_slotted::<W>(pages, 3, placement, actions)
+}
+
+/// [`run_placed`] on a heap of `slots` slots. Allocations use slots 0-3
+/// and frees slot 0, so with 8 slots slot 0 is a far slot of slots 1-3.
+fn run_slotted<W: Word>(pages: u32, slots: u32, placement: u64, actions: Vec<Action>) {
     // Best fit reads an index of free runs, as a host pool's heap keeps.
     let owned = match placement & Placement::BEST_FIT_SPANS {
-        0 => OwnedHeap::<W>::new(pages, 3),
-        _ => OwnedHeap::<W>::indexed(pages, 3),
+        0 => OwnedHeap::<W>::new(pages, slots),
+        _ => OwnedHeap::<W>::indexed(pages, slots),
     }
     .unwrap();
     let heap = owned.heap();
@@ -418,6 +424,18 @@ proptest! {
         actions in proptest::collection::vec(action(), 1..300)
     ) {
         run_placed::<u32>(5, POOL, actions);
+    }
+
+    /// Far lists: pages freed on slot 0 reach allocations on slots 1-3
+    /// through far probes only.
+    #[test]
+    fn shadow_model_far_lists(actions in proptest::collection::vec(action(), 1..300)) {
+        run_slotted::<u32>(24, 8, Placement::FAR_LISTS, actions);
+    }
+
+    #[test]
+    fn shadow_model_far_lists_tiny_heap(actions in proptest::collection::vec(action(), 1..300)) {
+        run_slotted::<u32>(5, 8, Placement::FAR_LISTS, actions);
     }
 
     /// Best fit and low class pages with the GPU's 256-block pages.

@@ -22,7 +22,11 @@ fn stress(threads: usize, ops: usize, pages: u32, max_size: usize, slots: u32) {
 
 /// [`stress`] on a heap whose pages are placed by `placement`; with best
 /// fit, it keeps an index of free runs (a host pool's heap), which every
-/// claim and release then goes through under its lock.
+/// claim and release then goes through under its lock. With
+/// [`Placement::FAR_LISTS`], thread `t` allocates on slot `4 t` (so no two
+/// threads' near slots overlap) and frees on any slot, as a kernel's
+/// threads do on another launch: pages are listed on slots that only far
+/// probes reach, and taken from under other threads' pushes and pops.
 fn stress_placed(
     threads: usize,
     ops: usize,
@@ -31,6 +35,12 @@ fn stress_placed(
     slots: u32,
     placement: u64,
 ) {
+    let far = placement & Placement::FAR_LISTS != 0;
+    // (allocation slot, free slot) for thread `t` and a random `r`.
+    let slot_of = move |t: usize, r: u64| match far {
+        false => (t as u32, t as u32),
+        true => (4 * t as u32, (r >> 40) as u32 % slots),
+    };
     let owned = match placement & Placement::BEST_FIT_SPANS {
         0 => OwnedHeap::<u64>::new(pages, slots),
         _ => OwnedHeap::<u64>::indexed(pages, slots),
@@ -56,7 +66,7 @@ fn stress_placed(
                     if live.len() < 64 && (r & 1 == 0 || live.is_empty()) {
                         let size = 1 + (r >> 8) as usize % max_size;
                         // Exhaustion is allowed (and counted); nothing else fails.
-                        match heap.alloc(size, t as u32) {
+                        match heap.alloc(size, slot_of(t, r).0) {
                             Ok(p) => {
                                 let n = size.min(256);
                                 // SAFETY: p is a fresh block of at least `size` bytes.
@@ -74,11 +84,11 @@ fn stress_placed(
                             bytes.iter().all(|&b| b == id),
                             "block overwritten by another thread"
                         );
-                        heap.free(p, t as u32).unwrap();
+                        heap.free(p, slot_of(t, r).1).unwrap();
                     }
                 }
                 for (p, _) in live {
-                    heap.free(p, t as u32).unwrap();
+                    heap.free(p, slot_of(t, 0).1).unwrap();
                 }
             });
         }
@@ -200,6 +210,13 @@ fn small_blocks_shared_slot() {
 #[test]
 fn mixed_sizes_own_slots() {
     stress(4, 300_000, 256, 8192, 4);
+}
+
+/// Installs that take pages from far slots' lists while other threads
+/// push and pop them, on a heap small enough to run out.
+#[test]
+fn mixed_sizes_far_lists() {
+    stress_placed(4, 300_000, 96, 8192, 16, Placement::FAR_LISTS);
 }
 
 #[test]

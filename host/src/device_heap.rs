@@ -20,6 +20,7 @@ use crate::vmm::{Part, Region, Reservation, VmmRegion};
 /// Mapping unit of a growable heap's range (steps map many at once).
 const GROWTH_CHUNK: usize = 2 << 20;
 use cudarc::driver::CudaContext;
+use cuheap_core::heap::Placement;
 use cuheap_core::page::PageDesc;
 use cuheap_core::{Counters, Counts, Heap, HeapHandle, Layout, Stats, Tallies, PAGE_SIZE};
 use std::mem::{align_of, offset_of, size_of};
@@ -50,6 +51,9 @@ pub struct DeviceHeap {
     data: Data,
     handle: HeapHandle,
     layout: Layout,
+    /// The heap's placement bits, kept here to be written again after
+    /// [`DeviceHeap::reset`] zeroes the metadata.
+    placement: std::sync::atomic::AtomicU64,
 }
 
 fn pages_of(bytes: usize) -> Result<u32> {
@@ -82,6 +86,7 @@ impl DeviceHeap {
             data: Data::Fixed { _memory: data },
             handle,
             layout,
+            placement: 0.into(),
         })
     }
 
@@ -135,6 +140,7 @@ impl DeviceHeap {
             data: Data::Growable(Grower::new(gpu.context(), region, counters)?),
             handle,
             layout,
+            placement: 0.into(),
         };
         heap.grow(initial.max(PAGE_SIZE))?;
         Ok(heap)
@@ -307,6 +313,31 @@ impl DeviceHeap {
         gpu.write_global("cuheap_heap", &self.arg())
     }
 
+    /// Whether a slot that finds no partly used page of a class on its own
+    /// or its neighbours' lists looks at far slots' lists before it takes
+    /// a fresh page ([`Placement::FAR_LISTS`]; off by default). On: a heap
+    /// whose blocks are freed on other SMs than the ones that allocated
+    /// them (threads land on other SMs at each launch) reuses its partly
+    /// used pages instead of growing its footprint; an install that finds
+    /// its near lists empty reads 32 more list heads. Takes effect for the
+    /// installs that read it after this call (synchronous); any setting is
+    /// valid at any time, under running kernels too.
+    pub fn set_far_lists(&self, on: bool) -> Result<()> {
+        let bits = if on { Placement::FAR_LISTS } else { 0 };
+        self.placement
+            .store(bits, std::sync::atomic::Ordering::Relaxed);
+        self.write_placement()
+    }
+
+    /// Writes the placement bits to the heap's counters on the device.
+    fn write_placement(&self) -> Result<()> {
+        let bits = self.placement.load(std::sync::atomic::Ordering::Relaxed);
+        self.meta.write(
+            self.layout.counters + offset_of!(Counters, placement),
+            &[bits],
+        )
+    }
+
     /// Bytes of block memory usable now.
     pub fn capacity(&self) -> usize {
         match &self.data {
@@ -330,6 +361,7 @@ impl DeviceHeap {
     /// would be handed out again.
     pub unsafe fn reset(&self) -> Result<()> {
         self.meta.zero()?;
+        self.write_placement()?;
         if let Data::Growable(g) = &self.data {
             g.restore()?;
         }

@@ -81,6 +81,8 @@ pub struct ChurnRound {
 pub struct Report {
     pub device: String,
     pub heap_bytes: usize,
+    /// Whether the cuheap heap looked at far SMs' lists ([`Config::far_lists`]).
+    pub far_lists: bool,
     pub rows: Vec<Row>,
     pub skipped: Vec<Skip>,
     pub churn: Vec<ChurnRound>,
@@ -127,6 +129,9 @@ pub struct Config {
     pub cuda: bool,
     /// Threads and rounds of the churn case (0 rounds: none).
     pub churn: (u32, u32),
+    /// The cuheap heap looks at far SMs' lists before it takes a fresh
+    /// page ([`DeviceHeap::set_far_lists`]).
+    pub far_lists: bool,
 }
 
 impl Default for Config {
@@ -141,6 +146,7 @@ impl Default for Config {
             cuda_budget_ms: 1500.0,
             cuda: true,
             churn: (1 << 20, 20),
+            far_lists: false,
         }
     }
 }
@@ -183,6 +189,7 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     // CUDA's heap limit must be set before the first kernel using malloc.
     gpu.set_malloc_heap_size(cfg.cuda_heap_bytes)?;
     let heap = DeviceHeap::new(gpu, cfg.heap_bytes)?;
+    heap.set_far_lists(cfg.far_lists)?;
     let max_threads = cfg
         .threads
         .iter()
@@ -203,6 +210,7 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
             info.driver_cuda_version % 1000 / 10
         ),
         heap_bytes: heap.capacity(),
+        far_lists: cfg.far_lists,
         ..Report::default()
     };
     let mut cases: Vec<(u32, u32)> = Vec::new();
@@ -398,6 +406,23 @@ fn cuheap_case(
         .rows
         .push(row("cuheap", "free", t, s, tf, check_errs));
     Ok(())
+}
+
+/// The churn case alone, as the benchmark runs it (see [`churn`]), on
+/// `heap`, which it empties first.
+///
+/// # Safety
+///
+/// As for [`DeviceHeap::reset`]: no kernel that uses `heap` is running or
+/// queued, on any stream.
+pub unsafe fn run_churn(
+    gpu: &Gpu,
+    heap: &DeviceHeap,
+    threads: u32,
+    rounds: u32,
+) -> Result<Vec<ChurnRound>> {
+    let b = Buffers::new(gpu, threads)?;
+    churn(gpu, heap, &b, threads, rounds, &mut |_| {})
 }
 
 /// The churn case: round 0 and `rounds` more of `churn_cuheap` with `t`

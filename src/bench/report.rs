@@ -28,9 +28,10 @@ pub fn device_table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "device: {}; cuheap heap {} GiB; median of runs, CUDA events, ms",
+        "device: {}; cuheap heap {} GiB{}; median of runs, CUDA events, ms",
         r.device,
-        r.heap_bytes >> 30
+        r.heap_bytes >> 30,
+        if r.far_lists { ", far lists" } else { "" }
     );
     let _ = writeln!(out);
     let _ = writeln!(
