@@ -85,8 +85,16 @@ pub struct PageDesc {
     pub next: AtomicU32,
     /// Units in the span (span heads), distance to the head (class tails).
     pub span: AtomicU32,
-    pad: [u32; 2],
+    /// The heap's owner's word: the heap never reads or writes it, and it
+    /// is 0 in zeroed metadata. A host pool marks here which spans a caller
+    /// holds (1 on a span's head page), so a free checks the line it
+    /// already read to find the block instead of another.
+    pub owner: AtomicU32,
+    pad: u32,
 }
+
+// Host and device agree on the layout (`Layout` sizes the table by it).
+const _: () = assert!(core::mem::size_of::<PageDesc>() == 32);
 
 impl PageDesc {
     /// A retired, free page (what zeroed memory holds).
@@ -97,7 +105,8 @@ impl PageDesc {
             state: AtomicU32::new(STATE_NONE),
             next: AtomicU32::new(0),
             span: AtomicU32::new(0),
-            pad: [0; 2],
+            owner: AtomicU32::new(0),
+            pad: 0,
         }
     }
 

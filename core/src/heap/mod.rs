@@ -485,6 +485,13 @@ impl<'a, W: Word> Heap<'a, W> {
         &self.cache[(slot % self.slots) as usize * CLASS_COUNT + class as usize]
     }
 
+    /// Page `page`'s owner word ([`PageDesc::owner`]), which the heap never
+    /// touches; `None` past the heap's pages.
+    #[inline(always)]
+    pub fn owner_word(&self, page: u32) -> Option<&'a AtomicU32> {
+        self.descs.get(page as usize).map(|d| &d.owner)
+    }
+
     /// Address of block `index` of `page` in `class`.
     #[inline(always)]
     pub fn block_addr(&self, page: u32, class: u32, index: u32) -> *mut u8 {

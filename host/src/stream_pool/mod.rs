@@ -502,8 +502,9 @@ impl<B: Backend> Pool<B> {
     /// of this pool, is an [`Error::InvalidArgument`]; a handle the
     /// driver refuses is its [`Error::Driver`].
     pub fn export_block(&self, ptr: u64) -> Result<Exported<B>> {
-        match self.heap().block_at(ptr as usize) {
-            Ok(b) if self.live.is_set(&b) => self.export(ptr, b.size),
+        let heap = self.heap();
+        match heap.block_at(ptr as usize) {
+            Ok(b) if self.live.is_set(&heap, &b) => self.export(ptr, b.size),
             _ => Err(Error::InvalidArgument(format!(
                 "export of {ptr:#x}: not a live block of this pool"
             ))),
@@ -912,7 +913,8 @@ impl<B: Backend> Pool<B> {
         let (ptr, how) = self.find(&own, key)?;
         // A block the heap just handed out is always found and not live.
         let broken = || Error::InvalidArgument(format!("pool state broken at {ptr:#x}"));
-        let b = self.heap().block_at(ptr as usize).map_err(|_| broken())?;
+        let heap = self.heap();
+        let b = heap.block_at(ptr as usize).map_err(|_| broken())?;
         if how.is_none() {
             // From the heap: after the work of streams that shed it.
             let (from, to) = self.units_of(ptr, b.size);
@@ -924,7 +926,7 @@ impl<B: Backend> Pool<B> {
                 return Err(e);
             }
         }
-        if !self.live.set(&b) {
+        if !self.live.set(&heap, &b) {
             return Err(broken());
         }
         let mut c = own.lock();
@@ -949,8 +951,9 @@ impl<B: Backend> Pool<B> {
     /// Marks a block from a thread's cache live and hands it out.
     #[inline]
     fn hand_out(&self, ptr: u64) -> Result<u64> {
-        match self.heap().block_at(ptr as usize) {
-            Ok(b) if self.live.set(&b) => Ok(ptr),
+        let heap = self.heap();
+        match heap.block_at(ptr as usize) {
+            Ok(b) if self.live.set(&heap, &b) => Ok(ptr),
             _ => Err(Error::InvalidArgument(format!(
                 "pool state broken at {ptr:#x}"
             ))),
@@ -1147,8 +1150,9 @@ impl<B: Backend> Pool<B> {
     /// Clears a block's live bit; the key it was served by.
     #[inline]
     fn release_live(&self, ptr: u64) -> Result<Key> {
-        match self.heap().block_at(ptr as usize) {
-            Ok(b) if self.live.clear(&b) => Ok(Key::of_block(&b)),
+        let heap = self.heap();
+        match heap.block_at(ptr as usize) {
+            Ok(b) if self.live.clear(&heap, &b) => Ok(Key::of_block(&b)),
             _ => {
                 self.bump(BAD);
                 Err(Error::InvalidArgument(format!(

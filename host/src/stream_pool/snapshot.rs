@@ -95,7 +95,7 @@ impl<B: Backend> Pool<B> {
                     let ptr = base + offset as u64;
                     let live = heap
                         .block_at(ptr as usize)
-                        .is_ok_and(|b| self.live.is_set(&b));
+                        .is_ok_and(|b| self.live.is_set(&heap, &b));
                     let holder = match (live, holder.get(&ptr)) {
                         (true, _) => Holder::Live,
                         (false, Some(&stream)) => Holder::Cached { stream },
