@@ -107,10 +107,27 @@ impl<B: Backend> Guards<B> {
     }
 
     /// Stamps pages `from..to` with generation `gen`; after the stamps of
-    /// a shed, a release fence, then the frees.
-    pub(super) fn stamp(&self, from: usize, to: usize, gen: u64) {
+    /// a shed, a release fence, then the frees. `whole`: the block owns
+    /// its pages (a span), so they are stamped with a plain store.
+    ///
+    /// Blocks of a class page share it, and caches shed them at once, with
+    /// generations in any order: a `fetch_max`. A span's pages have one
+    /// writer at a time, and their stamps come in the order of their
+    /// generations: every earlier stamp of such a page was made before
+    /// the blocks on it went back to the heap, so before the heap handed
+    /// the span out, and so before the `publish` of the span's own shed,
+    /// whose generation is therefore higher (generations are taken under
+    /// one lock). The locked read-modify-write waited for each page's
+    /// cache line: 90% of the shed's time in the mixed-size case of
+    /// `pool_paths`, by `perf`; a store does not wait.
+    pub(super) fn stamp(&self, from: usize, to: usize, gen: u64, whole: bool) {
         for s in &self.stamps[from..to.min(self.stamps.len())] {
-            s.fetch_max(gen, Ordering::Relaxed);
+            if whole {
+                debug_assert!(s.load(Ordering::Relaxed) < gen, "stamps out of order");
+                s.store(gen, Ordering::Relaxed);
+            } else {
+                s.fetch_max(gen, Ordering::Relaxed);
+            }
         }
     }
 

@@ -625,9 +625,11 @@ impl<B: Backend> Pool<B> {
                 self.bump(RETIRES);
                 let heap = self.heap();
                 for &p in &blocks {
-                    let size = heap.block_at(p as usize).map_or(1, |b| b.size);
+                    let (size, whole) = heap
+                        .block_at(p as usize)
+                        .map_or((1, false), |b| (b.size, b.class.is_none()));
                     let (from, to) = self.units_of(p, size);
-                    self.guards.stamp(from, to, gen);
+                    self.guards.stamp(from, to, gen, whole);
                 }
                 self.guards.before_frees();
                 let slot = thread_slot();
