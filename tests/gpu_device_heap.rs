@@ -523,12 +523,13 @@ fn allocation_kernels_keep_two_blocks_per_sm() {
 /// With far lists ([`DeviceHeap::set_far_lists`]) the heap passes the
 /// random stress (no overlap, everything returned) and, under the
 /// benchmark's churn (1M threads, 20 rounds, blocks filled and checked
-/// whole, counts checked against the workload), holds no more than the
+/// whole, counts checked against the workload), the setting survives the
+/// resets and the heap holds clearly less after the last round than the
 /// same heap without them: installs take partly used pages from far SMs'
 /// lists before fresh pages.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn far_lists_keep_blocks_whole_and_hold_no_more_under_churn() {
+fn far_lists_keep_blocks_whole_and_hold_less_under_churn() {
     let gpu = gpu();
     let h = heap(&gpu, 8 << 30);
     h.set_far_lists(true).unwrap();
@@ -542,13 +543,22 @@ fn far_lists_keep_blocks_whole_and_hold_no_more_under_churn() {
         for r in &rounds {
             assert_eq!((r.nulls, r.errors), (0, 0), "far lists {far_lists}: {r:?}");
         }
+        assert_eq!(
+            h.far_lists().unwrap(),
+            far_lists,
+            "the setting after resets"
+        );
         rounds.iter().map(|r| r.footprint_ratio).collect::<Vec<_>>()
     };
     let (near, far) = (churn(false), churn(true));
     println!("footprint / live per round, near lists only: {near:.3?}");
     println!("footprint / live per round, far lists too:   {far:.3?}");
+    // Without far lists the footprint rose from 1.27 to 1.80 in the
+    // benchmark's run on an H100 80 GB (docs/bench-device-h100.txt); in
+    // the CPU model it stays within 0.03 of its start with them.
+    let (near_last, far_last) = (near[near.len() - 1], far[far.len() - 1]);
     assert!(
-        far[far.len() - 1] <= near[near.len() - 1],
-        "far lists hold more after the last round"
+        far_last + 0.1 <= near_last,
+        "far lists {far_last:.3} after the last round, near lists only {near_last:.3}"
     );
 }

@@ -52,8 +52,10 @@ pub struct DeviceHeap {
     handle: HeapHandle,
     layout: Layout,
     /// The heap's placement bits, kept here to be written again after
-    /// [`DeviceHeap::reset`] zeroes the metadata.
-    placement: std::sync::atomic::AtomicU64,
+    /// [`DeviceHeap::reset`] zeroes the metadata and after
+    /// [`DeviceHeap::trim`] writes back its copy. The lock makes each
+    /// change and its write to the device one step.
+    placement: std::sync::Mutex<u64>,
 }
 
 fn pages_of(bytes: usize) -> Result<u32> {
@@ -86,7 +88,7 @@ impl DeviceHeap {
             data: Data::Fixed { _memory: data },
             handle,
             layout,
-            placement: 0.into(),
+            placement: std::sync::Mutex::new(0),
         })
     }
 
@@ -140,7 +142,7 @@ impl DeviceHeap {
             data: Data::Growable(Grower::new(gpu.context(), region, counters)?),
             handle,
             layout,
-            placement: 0.into(),
+            placement: std::sync::Mutex::new(0),
         };
         heap.grow(initial.max(PAGE_SIZE))?;
         Ok(heap)
@@ -315,27 +317,50 @@ impl DeviceHeap {
 
     /// Whether a slot that finds no partly used page of a class on its own
     /// or its neighbours' lists looks at far slots' lists before it takes
-    /// a fresh page ([`Placement::FAR_LISTS`]; off by default). On: a heap
-    /// whose blocks are freed on other SMs than the ones that allocated
-    /// them (threads land on other SMs at each launch) reuses its partly
-    /// used pages instead of growing its footprint; an install that finds
-    /// its near lists empty reads 32 more list heads. Takes effect for the
-    /// installs that read it after this call (synchronous); any setting is
-    /// valid at any time, under running kernels too.
+    /// a fresh page ([`Placement::FAR_LISTS`]; off by default). On, a
+    /// heap whose blocks are freed on other SMs than the ones that
+    /// allocated them (threads land on other SMs at each launch) should
+    /// reuse its partly used pages instead of growing its footprint, as
+    /// it does in `cuheap-core`'s CPU model of that churn (not yet
+    /// measured on a GPU); an install that finds its near lists empty
+    /// reads 32 more list heads. The setting survives [`DeviceHeap::reset`]
+    /// and [`DeviceHeap::trim`].
+    ///
+    /// The word is copied to the device on the legacy default stream
+    /// (synchronous for the host): work queued after it there or on a
+    /// blocking stream sees it; kernels running meanwhile, or on
+    /// non-blocking streams, see it once the copy lands. Either value is
+    /// valid at any moment (it only orders an install's search), so this
+    /// may be called while kernels run. A device heap uses no other
+    /// placement bit, so the whole word is written.
     pub fn set_far_lists(&self, on: bool) -> Result<()> {
-        let bits = if on { Placement::FAR_LISTS } else { 0 };
-        self.placement
-            .store(bits, std::sync::atomic::Ordering::Relaxed);
-        self.write_placement()
+        let mut bits = self.placement.lock().unwrap_or_else(|p| p.into_inner());
+        *bits = if on { Placement::FAR_LISTS } else { 0 };
+        self.write_placement(*bits)
     }
 
-    /// Writes the placement bits to the heap's counters on the device.
-    fn write_placement(&self) -> Result<()> {
-        let bits = self.placement.load(std::sync::atomic::Ordering::Relaxed);
+    /// Whether far lists are on, as the device's copy of the word says.
+    pub fn far_lists(&self) -> Result<bool> {
+        Ok(self
+            .counters()?
+            .placement
+            .load(std::sync::atomic::Ordering::Relaxed)
+            & Placement::FAR_LISTS
+            != 0)
+    }
+
+    /// Writes placement bits `bits` to the heap's counters on the device.
+    fn write_placement(&self, bits: u64) -> Result<()> {
         self.meta.write(
             self.layout.counters + offset_of!(Counters, placement),
             &[bits],
         )
+    }
+
+    /// Writes the kept placement bits to the device again.
+    fn restore_placement(&self) -> Result<()> {
+        let bits = self.placement.lock().unwrap_or_else(|p| p.into_inner());
+        self.write_placement(*bits)
     }
 
     /// Bytes of block memory usable now.
@@ -351,7 +376,8 @@ impl DeviceHeap {
         self.layout.meta_bytes
     }
 
-    /// Empties the heap. A growable heap keeps its mapped memory usable.
+    /// Empties the heap. A growable heap keeps its mapped memory usable;
+    /// the far-lists setting ([`DeviceHeap::set_far_lists`]) stays.
     ///
     /// # Safety
     ///
@@ -361,7 +387,7 @@ impl DeviceHeap {
     /// would be handed out again.
     pub unsafe fn reset(&self) -> Result<()> {
         self.meta.zero()?;
-        self.write_placement()?;
+        self.restore_placement()?;
         if let Data::Growable(g) = &self.data {
             g.restore()?;
         }
@@ -443,6 +469,8 @@ impl DeviceHeap {
             // SAFETY: plain bytes.
             let bytes = unsafe { as_bytes_mut(&mut meta) };
             self.meta.write(0, &bytes[..self.layout.meta_bytes])?;
+            // A `set_far_lists` since the copy was read wins.
+            self.restore_placement()?;
             failed.map(|()| region.mapped())
         })
     }

@@ -37,8 +37,9 @@ const NEAR_SLOTS: u32 = 4;
 /// near slots' lists and before a fresh page, on a heap with
 /// [`Placement::FAR_LISTS`]. In the churn model of `tests/churn.rs` with
 /// 132 slots (an H100's SMs) and 1M blocks, footprint over live bytes
-/// rose in 20 rounds from 1.28 to 1.38 with 8 probes, to 1.32 with 16,
-/// and to 1.28-1.29 with 32 (to 1.73-1.75 with none).
+/// goes from 1.258 to 1.280 in 20 rounds with these 32 probes, and to
+/// 1.728 with none. Earlier versions of this code with 8 and 16 probes
+/// (a loop, with a smaller constant) ended at 1.38 and 1.32.
 const FAR_PROBES: u32 = 32;
 // `far_listed` names each probe, one bit of a u32.
 const _: () = assert!(FAR_PROBES == 32);
@@ -621,7 +622,8 @@ fn fallback_at<W: Word>(
 /// [`Heap::far_listed`] on the heap of a handle, out of line and with the
 /// view in scalars (as `settle_at` is): inlined, it raised the spill
 /// stores of `alloc_cuheap` at 128 registers (sm_90) from 20 to 44 bytes,
-/// out of line to 36, although few installs ever probe.
+/// out of line to 36 (`docs/ptxas-far-lists-build-machine.txt`), although
+/// few installs ever probe.
 #[inline(never)]
 fn far_listed_at<W: Word>(
     meta: u64,
