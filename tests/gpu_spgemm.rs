@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use cuheap::spgemm::cusparse::Cusparse;
 use cuheap::spgemm::gpu::{Method, Runner};
 use cuheap::spgemm::{self, gen, Csr, DeviceCsr};
 use cuheap::{DeviceHeap, Error, Gpu};
@@ -27,8 +28,9 @@ fn setup() -> (Gpu, cuheap::kernels::Bench, DeviceHeap) {
     (gpu, k, heap)
 }
 
-/// Multiplies with every method, checks each against the reference and
-/// that the heap got every block back. Returns the nonzeros of C.
+/// Multiplies with every method, cuSPARSE included, checks each against
+/// the reference and that the heap got every block back. Returns the
+/// nonzeros of C.
 fn check_all(
     gpu: &Gpu,
     k: &cuheap::kernels::Bench,
@@ -78,6 +80,25 @@ fn check_all(
             s.spans
         );
         assert_eq!(s.bad_frees, 0, "{name}, {}: bad frees", m.name());
+    }
+    // cuSPARSE, the baseline the demo times: with buffers allocated per
+    // product, and kept from one product to the next (twice, so the
+    // second reuses the first's).
+    let fresh = Cusparse::new(gpu).unwrap_or_else(|e| panic!("{name}, cuSPARSE: {e}"));
+    let cached = Cusparse::cached(gpu).unwrap_or_else(|e| panic!("{name}, cuSPARSE: {e}"));
+    for (cs, mode, times) in [(&fresh, "cuSPARSE", 1), (&cached, "cuSPARSE, cached", 2)] {
+        let (pa, pb) = (cs.prepare(&da).unwrap(), cs.prepare(&db).unwrap());
+        for _ in 0..times {
+            let p = cs
+                .multiply(&pa, &pb)
+                .unwrap_or_else(|e| panic!("{name}, {mode}: {e}"));
+            let c =
+                p.c.download()
+                    .unwrap_or_else(|e| panic!("{name}, {mode}: {e}"));
+            if let Err(e) = spgemm::compare(&c, &reference) {
+                panic!("{name}, {mode}: {e}");
+            }
+        }
     }
     reference.c.nnz()
 }
