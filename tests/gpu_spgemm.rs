@@ -28,6 +28,15 @@ fn setup() -> (Gpu, cuheap::kernels::Bench, DeviceHeap) {
     (gpu, k, heap)
 }
 
+/// C downloaded and compared with the reference: the same pattern, each
+/// value within its bound; a panic names `what` otherwise.
+fn assert_exact(what: &str, c: &DeviceCsr, reference: &spgemm::Product) {
+    let c = c.download().unwrap_or_else(|e| panic!("{what}: {e}"));
+    if let Err(e) = spgemm::compare(&c, reference) {
+        panic!("{what}: {e}");
+    }
+}
+
 /// Multiplies with every method, cuSPARSE included, checks each against
 /// the reference and that the heap got every block back. Returns the
 /// nonzeros of C.
@@ -65,12 +74,7 @@ fn check_all(
             "{name}, {}: products",
             m.name()
         );
-        let c =
-            p.c.download()
-                .unwrap_or_else(|e| panic!("{name}, {}: {e}", m.name()));
-        if let Err(e) = spgemm::compare(&c, &reference) {
-            panic!("{name}, {}: {e}", m.name());
-        }
+        assert_exact(&format!("{name}, {}", m.name()), &p.c, &reference);
         let s = heap.stats().unwrap();
         assert!(
             s.is_empty(),
@@ -92,12 +96,7 @@ fn check_all(
             let p = cs
                 .multiply(&pa, &pb)
                 .unwrap_or_else(|e| panic!("{name}, {mode}: {e}"));
-            let c =
-                p.c.download()
-                    .unwrap_or_else(|e| panic!("{name}, {mode}: {e}"));
-            if let Err(e) = spgemm::compare(&c, &reference) {
-                panic!("{name}, {mode}: {e}");
-            }
+            assert_exact(&format!("{name}, {mode}"), &p.c, &reference);
         }
     }
     reference.c.nnz()
