@@ -38,8 +38,8 @@ const NEAR_SLOTS: u32 = 4;
 /// [`Placement::FAR_LISTS`]. In the churn model of `tests/churn.rs` with
 /// 132 slots (an H100's SMs) and 1M blocks, footprint over live bytes
 /// goes from 1.258 to 1.280 in 20 rounds with these 32 probes, and to
-/// 1.728 with none. Earlier versions of this code with 8 and 16 probes
-/// (a loop, with a smaller constant) ended at 1.38 and 1.32.
+/// 1.728 with none (`docs/churn-model-build-machine.txt`). Fewer probes
+/// cover less of 128 far slots; 32 is what one `u32` of found bits holds.
 const FAR_PROBES: u32 = 32;
 // `far_listed` names each probe, one bit of a u32.
 const _: () = assert!(FAR_PROBES == 32);

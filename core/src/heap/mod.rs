@@ -146,7 +146,7 @@ impl Placement {
     /// on far lists, and a heap under churn kept growing (in the CPU model
     /// of `tests/churn.rs` at an H100's size, footprint over live bytes
     /// rose from 1.26 to 1.73 in 20 rounds; with this bit it stays at
-    /// 1.26-1.28). It costs an install that finds its near lists empty 32
+    /// 1.26-1.28: `docs/churn-model-build-machine.txt`). It costs an install that finds its near lists empty 32
     /// more loads, issued together. Any setting is valid at any time.
     pub const FAR_LISTS: u64 = 8;
     /// Set by [`Heap::index_runs`] only (never through `set_placement`):
