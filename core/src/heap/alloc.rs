@@ -35,14 +35,16 @@ pub(super) const INSTALLING: u32 = u32::MAX;
 const NEAR_SLOTS: u32 = 4;
 /// Far slots whose list heads an install reads, all at once, after the
 /// near slots' lists and before a fresh page, on a heap with
-/// [`Placement::FAR_LISTS`]. In the churn model of `tests/churn.rs` with
-/// 132 slots (an H100's SMs) and 1M blocks, footprint over live bytes
-/// goes from 1.258 to 1.280 in 20 rounds with these 32 probes, and to
-/// 1.728 with none (`docs/churn-model-build-machine.txt`). Fewer probes
-/// cover less of 128 far slots; 32 is what one `u32` of found bits holds.
-const FAR_PROBES: u32 = 32;
+/// [`Placement::FAR_LISTS`]. On an H100 80 GB (`cuheap bench device`,
+/// churn case: 1M threads, 20 rounds, `docs/ab-far-probes-h100.txt`),
+/// footprint over live bytes ends at 1.40-1.41 with 8 probes, 1.37 with
+/// 16 and 1.39 with 32 (1.83-1.86 without far lists), and rises least
+/// with 16 (0.03 from round 4 to 20, 0.05 with 8); 1M x 256 B pairs take
+/// 5% longer than without far lists with 8 probes, 7% with 16 and 9%
+/// with 32.
+const FAR_PROBES: u32 = 16;
 // `far_listed` names each probe, one bit of a u32.
-const _: () = assert!(FAR_PROBES == 32);
+const _: () = assert!(FAR_PROBES == 16);
 /// Passes of the last-resort scan while it sees free blocks in transit.
 const SCAN_ROUNDS: u32 = 8;
 
@@ -411,7 +413,7 @@ impl<W: Word> Heap<'_, W> {
         macro_rules! probes {
             ($($k:literal)*) => { 0 $(| listed($k))* };
         }
-        let found: u32 = probes!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+        let found: u32 = probes!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
         if found == 0 {
             None
         } else {

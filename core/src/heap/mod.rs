@@ -137,17 +137,20 @@ impl Placement {
     /// page (the geometry is read off every page's class).
     pub const SMALL_CLASS_PAGES: u64 = 4;
     /// An install whose slot and near slots have no listed page of the
-    /// class reads the list heads of up to 32 far slots, spread over the
-    /// others, and takes a listed page from one of them before it takes a
-    /// fresh page. Pages are listed on the slot that freed into them; when
+    /// class reads the list heads of 16 far slots, spread over the others,
+    /// and takes a listed page from one of them before it takes a fresh
+    /// page. Pages are listed on the slot that freed into them; when
     /// blocks are freed on other slots than the ones that allocated them
     /// (a kernel's threads run on other SMs at each launch), a slot whose
-    /// near lists were empty took fresh pages while partly used ones waited
-    /// on far lists, and a heap under churn kept growing (in the CPU model
-    /// of `tests/churn.rs` at an H100's size, footprint over live bytes
-    /// rose from 1.26 to 1.73 in 20 rounds; with this bit it stays at
-    /// 1.26-1.28: `docs/churn-model-build-machine.txt`). It costs an install that finds its near lists empty 32
-    /// more loads, issued together. Any setting is valid at any time.
+    /// near lists were empty took fresh pages while partly used ones
+    /// waited on far lists, and a heap under churn kept growing. On an
+    /// H100 80 GB, in `cuheap bench device`'s churn case (1M threads, 20
+    /// rounds), footprint over live bytes ends at 1.83-1.86 without this
+    /// bit and 1.37 with it; 1M x 256 B to 4 KiB pairs take 4-7% longer,
+    /// 16 B, 64 B and mixed sizes the same (`docs/ab-far-probes-h100.txt`).
+    /// It costs an install that finds its near lists empty 16 more loads,
+    /// issued together. Any setting is
+    /// valid at any time.
     pub const FAR_LISTS: u64 = 8;
     /// Set by [`Heap::index_runs`] only (never through `set_placement`):
     /// the heap keeps an index of free runs after its metadata.
