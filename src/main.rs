@@ -243,12 +243,15 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     .collect::<Result<_, _>>()?;
             }
             let gpu = cuheap::spgemm::gpu::open_gpu()?;
-            let bar = indicatif::ProgressBar::new_spinner();
+            let bar = indicatif::ProgressBar::new(cfg.rows_planned() as u64).with_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} rows {msg}")?,
+            );
             bar.enable_steady_tick(std::time::Duration::from_millis(200));
             let t0 = std::time::Instant::now();
-            let r = demo::run(&gpu, &cfg, |step| {
+            let r = demo::run(&gpu, &cfg, |step, rows| {
                 // The log (stderr) keeps every step, with the time so far.
                 eprintln!("[{:7.1} s] {step}", t0.elapsed().as_secs_f64());
+                bar.set_position(rows as u64);
                 bar.set_message(step.to_string())
             })?;
             bar.finish_and_clear();

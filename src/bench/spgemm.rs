@@ -141,6 +141,17 @@ pub struct Config {
     pub chunks: Vec<u32>,
 }
 
+impl Config {
+    /// Rows the report will have: per input, cuSPARSE twice (when run),
+    /// the two-pass, a block per row, each chunk size, and CUDA malloc
+    /// (when run, or marked skipped). [`run`]'s progress counts them.
+    pub fn rows_planned(&self) -> usize {
+        let per_input =
+            if self.cusparse { 2 } else { 0 } + 2 + self.chunks.len() + usize::from(self.malloc);
+        self.inputs.len() * per_input
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -224,8 +235,9 @@ struct Measured {
     c: Option<DeviceCsr>,
 }
 
-/// Runs the demo; `progress` is told each step.
-pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Report> {
+/// Runs the demo; `progress` is told each step and how many of the
+/// report's rows ([`Config::rows_planned`]) are done.
+pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str, usize)) -> Result<Report> {
     gpu.set_malloc_heap_size(cfg.malloc_heap)?;
     let kernels = crate::kernels::Bench::new(gpu)?;
     let (free, _) = gpu.mem_info()?;
@@ -254,7 +266,7 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     for input in &cfg.inputs {
         let name = input.name();
-        progress(&format!("{name}: generating"));
+        progress(&format!("{name}: generating"), report.rows.len());
         let a = input
             .matrix()
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
@@ -264,9 +276,10 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
             a.clone()
         };
         let product = if input.transpose { "A x A^T" } else { "A x A" };
-        progress(&format!(
-            "{name} {product}: CPU reference on {threads} threads"
-        ));
+        progress(
+            &format!("{name} {product}: CPU reference on {threads} threads"),
+            report.rows.len(),
+        );
         let reference = spgemm::reference::multiply_on(&a, &b, threads)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let (da, db) = (DeviceCsr::upload(gpu, &a)?, DeviceCsr::upload(gpu, &b)?);
@@ -284,7 +297,7 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
                 Ok(m) => m.name(),
                 Err((name, _)) => name.to_string(),
             };
-            progress(&format!("{name} {product}: {mname}"));
+            progress(&format!("{name} {product}: {mname}"), report.rows.len());
             let measured = match m {
                 Err((_, cs)) => {
                     let measured = measure_cusparse(cs, &da, &db, cfg.reps);
@@ -302,15 +315,16 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str)) -> Result<Re
                 }
             };
             let r = row(&name, product, &a, &reference, mname, measured);
-            progress(&format!(
+            let done = format!(
                 "{name} {product}: {}: {:.3} ms ({} runs), peak {}, {}",
                 r.method,
                 r.median_ms,
                 r.runs,
                 gib(r.peak_bytes),
                 r.failure.as_deref().unwrap_or("exact")
-            ));
+            );
             report.rows.push(r);
+            progress(&done, report.rows.len());
         }
         if cfg.malloc && !malloc {
             let mut r = row(
@@ -585,6 +599,21 @@ pub fn svgs(r: &Report) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The progress bar's length: every row the report will have.
+    #[test]
+    fn rows_planned_counts_every_method_of_every_input() {
+        let mut cfg = Config::default();
+        let n = cfg.inputs.len();
+        // cuSPARSE fresh and cached, two-pass, per row, 32 KiB chunks, malloc.
+        assert_eq!(cfg.rows_planned(), n * 6);
+        cfg.cusparse = false;
+        cfg.malloc = false;
+        cfg.chunks = vec![8 << 10, 32 << 10];
+        assert_eq!(cfg.rows_planned(), n * 4);
+        cfg.inputs.clear();
+        assert_eq!(cfg.rows_planned(), 0);
+    }
 
     #[test]
     fn inputs_parse_and_bad_ones_say_why() {

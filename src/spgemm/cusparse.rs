@@ -39,10 +39,13 @@
 //!
 //! # Known failure
 //!
-//! With 32-bit indices cuSPARSE's SpGEMM returns an empty C, with no error,
-//! when the count of intermediate products passes 2^31. That result is
-//! returned as it is: the caller checks every result against the CPU
-//! reference.
+//! Past 2^31 intermediate products (32-bit indices), cuSPARSE through
+//! CuPy returned an empty C with no error on an H100; called here on R-MAT
+//! scale 18 with 16 edges per row, its work estimation fails with
+//! `CUSPARSE_STATUS_INSUFFICIENT_RESOURCES`
+//! (`docs/spgemm-large-c84d985-h100.txt`), which is reported as this
+//! method's error. Whatever cuSPARSE returns is returned as it is: the
+//! caller checks every result against the CPU reference.
 //!
 //! An input with no nonzeros gives an all-zero C without calling cuSPARSE
 //! (see [`Cusparse::multiply`]).
