@@ -26,17 +26,70 @@ use cuheap_host::DeviceMemory;
 /// whole kernel (over 180).
 pub const MAX_REGISTERS: u32 = 64;
 
+/// Registers per thread of the thread bin's row kernels (`spgemm_*_thread`):
+/// shared memory bounds their blocks to 4 per SM (16 warps), which 128
+/// registers a thread still fit, and at [`MAX_REGISTERS`] the one-pass
+/// kernel spilled (on an H100 80 GB, 12.4 M local-memory requests on the
+/// 2D stencil against none for the numeric pass:
+/// `docs/ab-spgemm-register-caps-h100.txt`).
+pub const THREAD_BIN_MAX_REGISTERS: u32 = 128;
+
 /// GPU 0 with the benchmark kernels ([`crate::BENCH_PTX`]) loaded as the
-/// products need them: at most [`MAX_REGISTERS`] registers per thread. It
-/// shares the device's primary context (memory, heaps, streams) with
-/// every other [`Gpu`] of this process.
-/// `CUHEAP_MAX_REGISTERS` (16..=255) overrides the cap.
+/// products need them: every kernel at most [`MAX_REGISTERS`] registers
+/// per thread, the thread bin's at most [`THREAD_BIN_MAX_REGISTERS`]
+/// ([`with_register_caps`]). It shares the device's primary context
+/// (memory, heaps, streams) with every other [`Gpu`] of this process.
+/// `CUHEAP_MAX_REGISTERS` (16..=255, or 0 for none) sets one cap for
+/// every kernel instead.
 pub fn open_gpu() -> Result<Gpu> {
     let mut options = crate::load_options()?;
-    if std::env::var_os("CUHEAP_MAX_REGISTERS").is_none() {
-        options.max_registers = Some(MAX_REGISTERS);
+    if std::env::var_os("CUHEAP_MAX_REGISTERS").is_some() {
+        return Gpu::open_with_options(crate::BENCH_PTX, options);
     }
-    Gpu::open_with_options(crate::BENCH_PTX, options)
+    // The caps are in the PTX, entry by entry.
+    options.max_registers = None;
+    Gpu::open_with_options(&with_register_caps(crate::BENCH_PTX), options)
+}
+
+/// `ptx` with a `.maxnreg` directive after every entry's parameters:
+/// [`THREAD_BIN_MAX_REGISTERS`] for the thread bin's kernels
+/// (`spgemm_*_thread`), [`MAX_REGISTERS`] for every other. An entry that
+/// already has a `.maxnreg` keeps it.
+pub fn with_register_caps(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len() + 4096);
+    let mut lines = ptx.lines().peekable();
+    while let Some(line) = lines.next() {
+        out.push_str(line);
+        out.push('\n');
+        let Some(name) = line.trim().strip_prefix(".visible .entry ") else {
+            continue;
+        };
+        let name = name.split('(').next().unwrap_or(name).trim();
+        // The parameters end at the first line that starts with `)` (or
+        // on the entry's own line when it has none).
+        if !line.trim_end().ends_with(')') {
+            for l in lines.by_ref() {
+                out.push_str(l);
+                out.push('\n');
+                if l.trim_start().starts_with(')') {
+                    break;
+                }
+            }
+        }
+        if lines
+            .peek()
+            .is_some_and(|l| l.trim_start().starts_with(".maxnreg"))
+        {
+            continue;
+        }
+        let cap = if name.starts_with("spgemm_") && name.ends_with("_thread") {
+            THREAD_BIN_MAX_REGISTERS
+        } else {
+            MAX_REGISTERS
+        };
+        out.push_str(&format!(".maxnreg {cap}\n"));
+    }
+    out
 }
 
 /// How the rows of C are allocated.
@@ -454,5 +507,56 @@ impl Runner<'_> {
             products: st[STATUS_PRODUCTS],
             heap_bytes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every entry of the benchmark PTX gets one cap, the thread bin's
+    /// kernels the larger, and the entries and their parameters read the
+    /// same as before (the typed launches check them).
+    #[test]
+    fn every_entry_gets_its_register_cap() {
+        let capped = with_register_caps(crate::BENCH_PTX);
+        let before: Vec<_> = crate::entries(crate::BENCH_PTX).collect();
+        let after: Vec<_> = crate::entries(&capped).collect();
+        assert_eq!(before, after);
+        let mut lines = capped.lines();
+        let mut thread_bin = 0;
+        while let Some(l) = lines.next() {
+            let Some(name) = l.strip_prefix(".visible .entry ") else {
+                continue;
+            };
+            let name = name.trim_end_matches('(');
+            let cap = lines
+                .by_ref()
+                .skip_while(|l| !l.starts_with(')'))
+                .nth(1)
+                .unwrap_or_default();
+            let want = if name.starts_with("spgemm_") && name.ends_with("_thread") {
+                thread_bin += 1;
+                THREAD_BIN_MAX_REGISTERS
+            } else {
+                MAX_REGISTERS
+            };
+            assert_eq!(cap, format!(".maxnreg {want}"), "{name}");
+        }
+        // count, numeric, one pass in chunks and per row, CUDA malloc.
+        assert_eq!(thread_bin, 5);
+        assert_eq!(capped.matches(".maxnreg").count(), before.len());
+        // Applied twice, nothing changes.
+        assert_eq!(with_register_caps(&capped), capped);
+    }
+
+    /// An entry without parameters, and one that has its own cap.
+    #[test]
+    fn entries_without_parameters_and_with_their_own_cap() {
+        let ptx = ".visible .entry a()\n{\n}\n.visible .entry spgemm_x_thread(\n\t.param .u64 p\n)\n.maxnreg 40\n{\n}\n";
+        assert_eq!(
+            with_register_caps(ptx),
+            ".visible .entry a()\n.maxnreg 64\n{\n}\n.visible .entry spgemm_x_thread(\n\t.param .u64 p\n)\n.maxnreg 40\n{\n}\n"
+        );
     }
 }
