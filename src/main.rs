@@ -249,8 +249,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             bar.enable_steady_tick(std::time::Duration::from_millis(200));
             let t0 = std::time::Instant::now();
             let r = demo::run(&gpu, &cfg, |step, rows| {
-                // The log (stderr) keeps every step, with the time so far.
-                eprintln!("[{:7.1} s] {step}", t0.elapsed().as_secs_f64());
+                // The log (stderr) keeps every step, with the time so far,
+                // above the bar (which draws on stderr only on a terminal).
+                bar.suspend(|| eprintln!("[{:7.1} s] {step}", t0.elapsed().as_secs_f64()));
                 bar.set_position(rows as u64);
                 bar.set_message(step.to_string())
             })?;

@@ -236,3 +236,32 @@ fn a_heap_that_runs_out_is_an_error_not_a_wrong_result() {
         assert!(s.is_empty(), "the rows that got blocks gave them back");
     }
 }
+
+/// The register caps `open_gpu` writes into the PTX hold on the GPU: at
+/// most `THREAD_BIN_MAX_REGISTERS` a thread for the thread bin's row
+/// kernels, `MAX_REGISTERS` for every other SpGEMM kernel.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn every_kernel_keeps_its_register_cap() {
+    if std::env::var_os("CUHEAP_MAX_REGISTERS").is_some() {
+        return; // the user's cap, for every kernel, decides
+    }
+    use cuheap::spgemm::gpu::{MAX_REGISTERS, THREAD_BIN_MAX_REGISTERS};
+    let (gpu, _, _) = setup();
+    let mut thread_bin = 0;
+    for k in cuheap::kernel_names()
+        .into_iter()
+        .filter(|k| k.starts_with("spgemm_"))
+    {
+        let cap = if k.ends_with("_thread") {
+            thread_bin += 1;
+            THREAD_BIN_MAX_REGISTERS
+        } else {
+            MAX_REGISTERS
+        };
+        let r = gpu.registers(k).unwrap();
+        println!("{k}: {r} registers (cap {cap})");
+        assert!(r <= cap, "{k} takes {r} registers a thread (cap {cap})");
+    }
+    assert_eq!(thread_bin, 5);
+}

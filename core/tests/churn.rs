@@ -5,9 +5,12 @@
 //! so blocks are freed on other slots than the ones that allocated them).
 //! This is the churn case of `cuheap bench device` (1M threads, 132 slots
 //! on an H100), on the host and smaller. The heap's footprint (bytes of
-//! pages held) over the bytes the live blocks asked for must stay flat:
-//! with [`Placement::FAR_LISTS`], partly used pages listed on far slots
-//! are reused before fresh pages are taken.
+//! pages held) over the bytes the live blocks asked for must stay close
+//! to where it started: with [`Placement::FAR_LISTS`], partly used pages
+//! listed on far slots are reused before fresh pages are taken. With 16
+//! far probes (the count the H100's churn runs chose,
+//! `docs/ab-far-probes-h100.txt`) the model still rises slowly (0.036
+//! from round 5 to 20 here, 0.27 without far lists), as the GPU's does.
 #![cfg(not(loom))]
 
 use cuheap_core::heap::Placement;
@@ -66,11 +69,12 @@ fn rise(r: &[f64]) -> f64 {
     r[r.len() - 1] - r[5]
 }
 
-/// Far lists keep the footprint flat where the heap without them keeps
-/// taking fresh pages; each half of the test fails if the other's
-/// behaviour came back.
+/// Far lists keep the footprint close to flat where the heap without
+/// them keeps taking fresh pages; each half of the test fails if the
+/// other's behaviour came back, and the last five rounds may add at most
+/// 0.02 together (a drift the total's bound could hide).
 #[test]
-fn far_lists_keep_the_footprint_flat_under_churn() {
+fn far_lists_keep_the_footprint_nearly_flat_under_churn() {
     // 200K blocks (about 400 MiB live) on 26 slots: the ratio of blocks
     // to slots and classes of an H100's 1M threads on 132 SMs.
     let (blocks, slots, pages) = (200_000, 26, 16_384);
@@ -81,6 +85,11 @@ fn far_lists_keep_the_footprint_flat_under_churn() {
     // With 16 probes: 1.31 after 20 rounds, 0.04 above round 5.
     assert!(far[20] <= 1.35, "far lists: {:.3} after 20 rounds", far[20]);
     assert!(rise(&far) <= 0.06, "far lists: rose {:.3}", rise(&far));
+    let tail = far[20] - far[15];
+    assert!(
+        tail <= 0.02,
+        "far lists: rose {tail:.3} in the last five rounds"
+    );
     // Without, the footprint rises every round (1.30 to 1.72 here).
     assert!(
         rise(&near) >= 0.1,

@@ -340,9 +340,17 @@ pub fn run(gpu: &Gpu, cfg: &Config, mut progress: impl FnMut(&str, usize)) -> Re
                 "skipped: over {} rows (--malloc-max-rows)",
                 cfg.malloc_max_rows
             ));
+            let done = format!(
+                "{name} {product}: {}: {}",
+                r.method,
+                r.skipped.as_deref().unwrap_or("")
+            );
             report.rows.push(r);
+            progress(&done, report.rows.len());
         }
     }
+    // The progress bar's length.
+    debug_assert_eq!(report.rows.len(), cfg.rows_planned());
     Ok(report)
 }
 
@@ -600,7 +608,9 @@ pub fn svgs(r: &Report) -> (String, String) {
 mod tests {
     use super::*;
 
-    /// The progress bar's length: every row the report will have.
+    /// The progress bar's length: every row the report will have. This
+    /// checks the count; `run` checks it against the rows it wrote (a
+    /// debug assertion, on the GPU).
     #[test]
     fn rows_planned_counts_every_method_of_every_input() {
         let mut cfg = Config::default();

@@ -20,8 +20,9 @@ use crate::kernels::Bench;
 use crate::{DeviceHeap, Error, Gpu, LaunchConfig, Result};
 use cuheap_host::DeviceMemory;
 
-/// Registers per thread the row kernels are compiled with: 4 blocks of
-/// the hash kernels and 2 of the dense kernel per SM. Uncapped, the
+/// Registers per thread of every kernel but the thread bin's row kernels
+/// ([`THREAD_BIN_MAX_REGISTERS`]): 4 blocks of the hash kernels and 2 of
+/// the dense kernel per SM. Uncapped, the
 /// allocator's rare paths (spans, new pages) would set the count for the
 /// whole kernel (over 180).
 pub const MAX_REGISTERS: u32 = 64;
@@ -48,48 +49,73 @@ pub fn open_gpu() -> Result<Gpu> {
     }
     // The caps are in the PTX, entry by entry.
     options.max_registers = None;
-    Gpu::open_with_options(&with_register_caps(crate::BENCH_PTX), options)
+    Gpu::open_with_options(&with_register_caps(crate::BENCH_PTX)?, options)
 }
 
-/// `ptx` with a `.maxnreg` directive after every entry's parameters:
+/// `ptx` with a `.maxnreg` directive before every entry's body:
 /// [`THREAD_BIN_MAX_REGISTERS`] for the thread bin's kernels
-/// (`spgemm_*_thread`), [`MAX_REGISTERS`] for every other. An entry that
-/// already has a `.maxnreg` keeps it.
-pub fn with_register_caps(ptx: &str) -> String {
+/// (`spgemm_*_thread`), [`MAX_REGISTERS`] for every other. An entry whose
+/// header already has a `.maxnreg` keeps it. An error if an entry's body
+/// cannot be found (the PTX is not what the kernels' build writes).
+pub(crate) fn with_register_caps(ptx: &str) -> Result<String> {
+    let bad = |what: String| Error::InvalidArgument(format!("register caps: {what}"));
     let mut out = String::with_capacity(ptx.len() + 4096);
-    let mut lines = ptx.lines().peekable();
-    while let Some(line) = lines.next() {
-        out.push_str(line);
-        out.push('\n');
-        let Some(name) = line.trim().strip_prefix(".visible .entry ") else {
-            continue;
-        };
-        let name = name.split('(').next().unwrap_or(name).trim();
-        // The parameters end at the first line that starts with `)` (or
-        // on the entry's own line when it has none).
-        if !line.trim_end().ends_with(')') {
-            for l in lines.by_ref() {
-                out.push_str(l);
+    let mut rest = ptx;
+    while let Some(at) = entry_at(rest) {
+        let after = &rest[at..];
+        let name = after
+            .split(|c: char| c == '(' || c.is_whitespace())
+            .nth(1)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| bad("an entry with no name".into()))?;
+        // The header (name, parameters, directives) ends where the body
+        // opens; parameters hold no braces.
+        let body = after
+            .find('{')
+            .ok_or_else(|| bad(format!("no body for entry {name}")))?;
+        let header = &after[..body];
+        out.push_str(&rest[..at]);
+        out.push_str(header);
+        if !header.contains(".maxnreg") {
+            let cap = if name.starts_with("spgemm_") && name.ends_with("_thread") {
+                THREAD_BIN_MAX_REGISTERS
+            } else {
+                MAX_REGISTERS
+            };
+            if !header.ends_with('\n') {
                 out.push('\n');
-                if l.trim_start().starts_with(')') {
-                    break;
-                }
             }
+            out.push_str(&format!(".maxnreg {cap}\n"));
         }
-        if lines
-            .peek()
-            .is_some_and(|l| l.trim_start().starts_with(".maxnreg"))
-        {
-            continue;
-        }
-        let cap = if name.starts_with("spgemm_") && name.ends_with("_thread") {
-            THREAD_BIN_MAX_REGISTERS
-        } else {
-            MAX_REGISTERS
-        };
-        out.push_str(&format!(".maxnreg {cap}\n"));
+        rest = &after[body..];
+        // Past the body's brace, so that the search goes on after it.
+        out.push('{');
+        rest = &rest[1..];
     }
-    out
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Where the next entry (`.entry`, after `.visible` or `.weak`, at the
+/// start of a line) begins in `ptx`: the offset of `.entry`.
+fn entry_at(ptx: &str) -> Option<usize> {
+    let mut line_start = 0;
+    for line in ptx.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        let mut words = trimmed.split_whitespace();
+        let first = words.next();
+        let entry = match first {
+            Some(".entry") => true,
+            Some(".visible" | ".weak") => words.next() == Some(".entry"),
+            _ => false,
+        };
+        if entry {
+            let offset = line_start + (line.len() - trimmed.len());
+            return Some(offset + trimmed.find(".entry")?);
+        }
+        line_start += line.len();
+    }
+    None
 }
 
 /// How the rows of C are allocated.
@@ -519,7 +545,7 @@ mod tests {
     /// same as before (the typed launches check them).
     #[test]
     fn every_entry_gets_its_register_cap() {
-        let capped = with_register_caps(crate::BENCH_PTX);
+        let capped = with_register_caps(crate::BENCH_PTX).unwrap();
         let before: Vec<_> = crate::entries(crate::BENCH_PTX).collect();
         let after: Vec<_> = crate::entries(&capped).collect();
         assert_eq!(before, after);
@@ -547,16 +573,43 @@ mod tests {
         assert_eq!(thread_bin, 5);
         assert_eq!(capped.matches(".maxnreg").count(), before.len());
         // Applied twice, nothing changes.
-        assert_eq!(with_register_caps(&capped), capped);
+        assert_eq!(with_register_caps(&capped).unwrap(), capped);
     }
 
-    /// An entry without parameters, and one that has its own cap.
+    /// Headers as PTX allows them: no parameters, the parenthesis closing
+    /// on a parameter's line, the body's brace on the header's line,
+    /// other directives, a cap of their own, `.weak` and bare entries.
     #[test]
-    fn entries_without_parameters_and_with_their_own_cap() {
-        let ptx = ".visible .entry a()\n{\n}\n.visible .entry spgemm_x_thread(\n\t.param .u64 p\n)\n.maxnreg 40\n{\n}\n";
+    fn every_header_form_gets_one_cap_before_its_body() {
+        let cases = [
+            (".visible .entry a()\n{\n}\n", ".visible .entry a()\n.maxnreg 64\n{\n}\n"),
+            (
+                ".visible .entry spgemm_x_thread(\n\t.param .u64 p)\n{\n}\n",
+                ".visible .entry spgemm_x_thread(\n\t.param .u64 p)\n.maxnreg 128\n{\n}\n",
+            ),
+            (".entry a(.param .u32 p){ ret; }", ".entry a(.param .u32 p)\n.maxnreg 64\n{ ret; }"),
+            (
+                ".weak .entry b()\n.maxntid 256\n{\n}\n",
+                ".weak .entry b()\n.maxntid 256\n.maxnreg 64\n{\n}\n",
+            ),
+            (
+                ".visible .entry spgemm_x_thread(\n\t.param .u64 p\n)\n.maxntid 128\n.maxnreg 40\n{\n}\n",
+                ".visible .entry spgemm_x_thread(\n\t.param .u64 p\n)\n.maxntid 128\n.maxnreg 40\n{\n}\n",
+            ),
+            // Not an entry: a function, and `.entry` inside a comment.
+            (".func f()\n{\n}\n// .entry z\n", ".func f()\n{\n}\n// .entry z\n"),
+        ];
+        for (ptx, want) in cases {
+            assert_eq!(with_register_caps(ptx).unwrap(), want, "{ptx:?}");
+        }
+        // Two entries: each gets its own cap.
+        let two = ".visible .entry a()\n{\n}\n.visible .entry spgemm_b_thread()\n{\n}\n";
         assert_eq!(
-            with_register_caps(ptx),
-            ".visible .entry a()\n.maxnreg 64\n{\n}\n.visible .entry spgemm_x_thread(\n\t.param .u64 p\n)\n.maxnreg 40\n{\n}\n"
+            with_register_caps(two).unwrap(),
+            ".visible .entry a()\n.maxnreg 64\n{\n}\n.visible .entry spgemm_b_thread()\n.maxnreg 128\n{\n}\n"
         );
+        // No body: an error that names the entry, not a broken module.
+        let e = with_register_caps(".visible .entry lost(\n\t.param .u64 p\n)\n").unwrap_err();
+        assert!(e.to_string().contains("no body for entry lost"), "{e}");
     }
 }

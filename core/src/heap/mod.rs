@@ -149,8 +149,7 @@ impl Placement {
     /// bit and 1.37 with it; 1M x 256 B to 4 KiB pairs take 4-7% longer,
     /// 16 B, 64 B and mixed sizes the same (`docs/ab-far-probes-h100.txt`).
     /// It costs an install that finds its near lists empty 16 more loads,
-    /// issued together. Any setting is
-    /// valid at any time.
+    /// issued together. Any setting is valid at any time.
     pub const FAR_LISTS: u64 = 8;
     /// Set by [`Heap::index_runs`] only (never through `set_placement`):
     /// the heap keeps an index of free runs after its metadata.
