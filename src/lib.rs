@@ -186,16 +186,27 @@ pub fn ptx_isa_of_cuda(major: u32, minor: u32) -> Option<&'static str> {
     })
 }
 
+/// The name of the kernel a PTX line declares (`.entry NAME(`, bare or
+/// after `.visible` or `.weak`), if it declares one.
+pub(crate) fn entry_name(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace();
+    let mut word = words.next()?;
+    if word == ".visible" || word == ".weak" {
+        word = words.next()?;
+    }
+    if word != ".entry" {
+        return None;
+    }
+    let name = words.next()?.split('(').next()?;
+    (!name.is_empty()).then_some(name)
+}
+
 /// The kernels (`.entry`) of `ptx` with the size in bytes of each
 /// parameter, as the PTX declares them.
 pub fn entries(ptx: &str) -> impl Iterator<Item = (&str, Vec<usize>)> {
     let mut lines = ptx.lines();
     std::iter::from_fn(move || {
-        let name = lines.by_ref().find_map(|l| {
-            l.trim()
-                .strip_prefix(".visible .entry ")
-                .map(|n| n.trim_end_matches('(').trim())
-        })?;
+        let name = lines.by_ref().find_map(entry_name)?;
         let params = lines
             .by_ref()
             .map(str::trim)

@@ -58,24 +58,16 @@ pub fn open_gpu() -> Result<Gpu> {
 /// header already has a `.maxnreg` keeps it. An error if an entry's body
 /// cannot be found (the PTX is not what the kernels' build writes).
 pub(crate) fn with_register_caps(ptx: &str) -> Result<String> {
-    let bad = |what: String| Error::InvalidArgument(format!("register caps: {what}"));
     let mut out = String::with_capacity(ptx.len() + 4096);
     let mut rest = ptx;
-    while let Some(at) = entry_at(rest) {
-        let after = &rest[at..];
-        let name = after
-            .split(|c: char| c == '(' || c.is_whitespace())
-            .nth(1)
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| bad("an entry with no name".into()))?;
+    while let Some((at, name)) = entry_at(rest) {
         // The header (name, parameters, directives) ends where the body
         // opens; parameters hold no braces.
-        let body = after
-            .find('{')
-            .ok_or_else(|| bad(format!("no body for entry {name}")))?;
-        let header = &after[..body];
-        out.push_str(&rest[..at]);
-        out.push_str(header);
+        let body = rest[at..].find('{').map(|b| at + b).ok_or_else(|| {
+            Error::InvalidArgument(format!("register caps: no body for entry {name}"))
+        })?;
+        let header = &rest[at..body];
+        out.push_str(&rest[..body]);
         if !header.contains(".maxnreg") {
             let cap = if name.starts_with("spgemm_") && name.ends_with("_thread") {
                 THREAD_BIN_MAX_REGISTERS
@@ -87,31 +79,21 @@ pub(crate) fn with_register_caps(ptx: &str) -> Result<String> {
             }
             out.push_str(&format!(".maxnreg {cap}\n"));
         }
-        rest = &after[body..];
-        // Past the body's brace, so that the search goes on after it.
+        // The body's brace, so that the search goes on after it.
         out.push('{');
-        rest = &rest[1..];
+        rest = &rest[body + 1..];
     }
     out.push_str(rest);
     Ok(out)
 }
 
-/// Where the next entry (`.entry`, after `.visible` or `.weak`, at the
-/// start of a line) begins in `ptx`: the offset of `.entry`.
-fn entry_at(ptx: &str) -> Option<usize> {
+/// The next entry's declaration in `ptx` ([`crate::entry_name`]): where
+/// its line's text begins, and its name.
+fn entry_at(ptx: &str) -> Option<(usize, &str)> {
     let mut line_start = 0;
     for line in ptx.split_inclusive('\n') {
-        let trimmed = line.trim_start();
-        let mut words = trimmed.split_whitespace();
-        let first = words.next();
-        let entry = match first {
-            Some(".entry") => true,
-            Some(".visible" | ".weak") => words.next() == Some(".entry"),
-            _ => false,
-        };
-        if entry {
-            let offset = line_start + (line.len() - trimmed.len());
-            return Some(offset + trimmed.find(".entry")?);
+        if let Some(name) = crate::entry_name(line) {
+            return Some((line_start + line.len() - line.trim_start().len(), name));
         }
         line_start += line.len();
     }
