@@ -354,6 +354,11 @@ void cuheap_torch_free(void* ptr, ptrdiff_t size, int device, cuheap_stream_t st
  * time (the null stream, CuPy's default, or one of its own). */
 void* cuheap_cupy_malloc(void* param, size_t size, int device);
 void cuheap_cupy_free(void* param, void* ptr, int device);
+/* Host time spent inside the hooks above since the process started, when
+ * it runs with CUHEAP_HOOK_TIMES set (zeros otherwise): calls, total
+ * nanoseconds, the longest call. Any pointer may be NULL. */
+int cuheap_hook_times(unsigned long long* calls, unsigned long long* ns,
+                      unsigned long long* max_ns);
 int cuheap_device_pool_get_stats(int device, cuheap_pool_stats_t* out);
 int cuheap_device_pool_trim(int device, size_t keep, size_t* mapped);
 /* cuheap_pool_snapshot of the process's pool on device. */

@@ -32,7 +32,16 @@ What changes for the framework:
 import ctypes
 import os
 
-__all__ = ["library_path", "use_in_torch", "use_in_cupy", "stats", "trim", "snapshot", "last_error"]
+__all__ = [
+    "library_path",
+    "use_in_torch",
+    "use_in_cupy",
+    "stats",
+    "trim",
+    "snapshot",
+    "hook_times",
+    "last_error",
+]
 
 
 class PoolStats(ctypes.Structure):
@@ -91,6 +100,7 @@ def _library():
             ctypes.POINTER(ctypes.c_size_t),
             ctypes.c_char_p,
         ]
+        lib.cuheap_hook_times.argtypes = [ctypes.POINTER(ctypes.c_ulonglong)] * 3
         lib.cuheap_device_pool_trim.argtypes = [
             ctypes.c_int,
             ctypes.c_size_t,
@@ -151,6 +161,15 @@ def trim(device=0, keep=0):
     mapped = ctypes.c_size_t()
     _check(_library().cuheap_device_pool_trim(device, keep, ctypes.byref(mapped)), "cuheap trim")
     return mapped.value
+
+
+def hook_times():
+    """Host time spent inside cuheap's PyTorch and CuPy hooks so far, when
+    the process runs with ``CUHEAP_HOOK_TIMES`` set (zeros otherwise):
+    ``(calls, nanoseconds, longest call in nanoseconds)``."""
+    v = [ctypes.c_ulonglong() for _ in range(3)]
+    _check(_library().cuheap_hook_times(*[ctypes.byref(x) for x in v]), "cuheap hook times")
+    return tuple(x.value for x in v)
 
 
 def snapshot(device=0, html=None):

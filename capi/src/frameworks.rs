@@ -12,14 +12,18 @@
 //! With `CUHEAP_TRACE` set to a file name, every allocation and free
 //! through these hooks is written there as a trace in RAPIDS RMM's CSV
 //! format (written out when the process exits), for `cuheap replay`.
+//! With `CUHEAP_HOOK_TIMES` set, the hooks add up the host time spent
+//! inside them ([`cuheap_hook_times`]): what a framework's allocations
+//! cost in cuheap, apart from the framework's own work around each call.
 
 use crate::pool::{CuheapPool, CuheapPoolConfig, CuheapPoolStats};
 use crate::{device_context, enter, entry, invalid, put, write_snapshot, Keep};
 use cuheap_host::cudarc::driver::sys;
 use cuheap_host::{Result, TraceLog};
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 /// Devices a process may use the framework pools on.
 const MAX_DEVICES: usize = 64;
@@ -100,12 +104,59 @@ extern "C" fn flush_trace() {
     });
 }
 
+/// Host time inside the hooks: calls, nanoseconds, the longest call.
+static HOOK_CALLS: AtomicU64 = AtomicU64::new(0);
+static HOOK_NS: AtomicU64 = AtomicU64::new(0);
+static HOOK_MAX_NS: AtomicU64 = AtomicU64::new(0);
+
+/// The clock at a hook's start when `CUHEAP_HOOK_TIMES` is set (read once).
+fn hook_clock() -> Option<Instant> {
+    static ON: OnceLock<bool> = OnceLock::new();
+    ON.get_or_init(|| std::env::var_os("CUHEAP_HOOK_TIMES").is_some())
+        .then(Instant::now)
+}
+
+/// Adds the call that began at `start` (if timed) to the hooks' time.
+pub(crate) fn hook_done(start: Option<Instant>) {
+    if let Some(t) = start {
+        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        HOOK_CALLS.fetch_add(1, Ordering::Relaxed);
+        HOOK_NS.fetch_add(ns, Ordering::Relaxed);
+        HOOK_MAX_NS.fetch_max(ns, Ordering::Relaxed);
+    }
+}
+
+/// The host time the allocation hooks (PyTorch's and CuPy's) have spent
+/// inside cuheap since the process started, when it runs with
+/// `CUHEAP_HOOK_TIMES` set (zeros otherwise): `int cuheap_hook_times(unsigned
+/// long long* calls, unsigned long long* ns, unsigned long long* max_ns)`.
+/// Any pointer may be NULL.
+///
+/// # Safety
+///
+/// Each pointer is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_hook_times(
+    calls: *mut u64,
+    ns: *mut u64,
+    max_ns: *mut u64,
+) -> c_int {
+    for (out, v) in [(calls, &HOOK_CALLS), (ns, &HOOK_NS), (max_ns, &HOOK_MAX_NS)] {
+        if !out.is_null() {
+            // SAFETY: writable by the caller's contract.
+            unsafe { out.write(v.load(Ordering::Relaxed)) };
+        }
+    }
+    crate::CUHEAP_OK
+}
+
 /// The allocation both hooks make: NULL for size 0 (no error) and on
 /// failure (the reason kept for `cuheap_last_error`).
 fn alloc_on(size: usize, device: c_int, stream: sys::CUstream, name: &str) -> *mut c_void {
     if size == 0 {
         return std::ptr::null_mut();
     }
+    let start = hook_clock();
     let mut out = 0u64;
     let rc = enter(name, Keep::Lazy, || {
         let pool = device_pool(device)?;
@@ -115,6 +166,7 @@ fn alloc_on(size: usize, device: c_int, stream: sys::CUstream, name: &str) -> *m
         };
         Ok(())
     });
+    hook_done(start);
     if rc == crate::CUHEAP_OK {
         out as *mut c_void
     } else {
@@ -126,6 +178,7 @@ fn free_on(ptr: *mut c_void, device: c_int, stream: sys::CUstream, name: &str) {
     if ptr.is_null() {
         return;
     }
+    let start = hook_clock();
     let rc = enter(name, Keep::Lazy, || {
         let pool = device_pool(device)?;
         match trace() {
@@ -135,6 +188,7 @@ fn free_on(ptr: *mut c_void, device: c_int, stream: sys::CUstream, name: &str) {
             None => pool.free(ptr as u64, stream),
         }
     });
+    hook_done(start);
     if rc != crate::CUHEAP_OK {
         // A free has no way to report: say it where a developer looks
         // (a failed write to stderr is ignored, never a panic).

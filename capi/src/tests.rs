@@ -151,6 +151,30 @@ fn a_panic_is_caught_and_reported_as_internal() {
     assert_eq!(last(), "cuheap_test: internal error: the invariant broke");
 }
 
+/// The hooks' time adds up each timed call, keeps the longest, and a
+/// call that was not timed adds nothing; NULL outputs are skipped.
+#[test]
+fn hook_times_add_up_timed_calls_only() {
+    let read = || {
+        let (mut calls, mut ns, mut max) = (0u64, 0u64, 0u64);
+        // SAFETY: three writable locals.
+        let rc = unsafe { cuheap_hook_times(&mut calls, &mut ns, &mut max) };
+        assert_eq!(rc, CUHEAP_OK);
+        (calls, ns, max)
+    };
+    let before = read();
+    let start = std::time::Instant::now() - std::time::Duration::from_millis(3);
+    hook_done(Some(start));
+    hook_done(None);
+    let after = read();
+    assert!(after.0 > before.0, "{before:?} -> {after:?}");
+    assert!(after.1 >= before.1 + 3_000_000, "{before:?} -> {after:?}");
+    assert!(after.2 >= 3_000_000, "{after:?}");
+    // SAFETY: NULL outputs are allowed.
+    let rc = unsafe { cuheap_hook_times(null_mut(), null_mut(), null_mut()) };
+    assert_eq!(rc, CUHEAP_OK);
+}
+
 #[test]
 fn messages_are_per_thread_and_kept_until_the_next_failure() {
     let rc = entry("first", || invalid("one"));

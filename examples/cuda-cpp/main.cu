@@ -84,6 +84,20 @@ __global__ void pair16(unsigned n, unsigned* errors) {
     cuheap_free(p);
 }
 
+// The benchmark's other two shapes: allocate 16 B and keep the pointer;
+// free what the first kept.
+__global__ void alloc16(unsigned n, void** ptrs, unsigned* errors) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    void* p = cuheap_malloc(16);
+    if (p == nullptr) atomicAdd(&errors[0], 1u);
+    ptrs[i] = p;
+}
+__global__ void free16(unsigned n, void** ptrs) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) cuheap_free(ptrs[i]);
+}
+
 static cuheap_stats_t read_stats() {
     cuheap_stats_t* d; int* rc; cuheap_stats_t h; int r;
     CHECK_CUDA(cudaMalloc(&d, sizeof h)); CHECK_CUDA(cudaMalloc(&rc, sizeof r));
@@ -156,24 +170,44 @@ int main() {
     EXPECT(s.blocks_in_use == 0 && s.bytes_in_use == 0, "after free: %llu blocks, %llu bytes in use",
            s.blocks_in_use, s.bytes_in_use);
 
-    // 1M x 16 B alloc + free (pair), CUDA events, median of 7.
-    cudaFuncAttributes attr;
-    CHECK_CUDA(cudaFuncGetAttributes(&attr, pair16));
+    // 1M x 16 B: the pair kernel (alloc + free), then alloc alone and
+    // free alone; CUDA events, median of 7 after a warm-up. A timed alloc
+    // is followed by an untimed free and a timed free follows an untimed
+    // alloc, so every alloc starts from an empty heap.
     cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    pair16<<<n / 256, 256>>>(n, errors);  // warm-up
-    std::vector<float> ms;
-    for (int r = 0; r < 7; r++) {
-        cudaEventRecord(a);
-        pair16<<<n / 256, 256>>>(n, errors);
-        cudaEventRecord(b);
-        cudaEventSynchronize(b);
-        float t; cudaEventElapsedTime(&t, a, b); ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
+    void** kept = reinterpret_cast<void**>(ptrs);
+    auto pair = [&] { pair16<<<n / 256, 256>>>(n, errors); };
+    auto alloc = [&] { alloc16<<<n / 256, 256>>>(n, kept, errors); };
+    auto release = [&] { free16<<<n / 256, 256>>>(n, kept); };
+    auto median_ms = [&](auto before, auto timed, auto after) {
+        std::vector<float> ms;
+        for (int r = 0; r < 8; r++) {
+            before();
+            cudaEventRecord(a);
+            timed();
+            cudaEventRecord(b);
+            after();
+            cudaEventSynchronize(b);
+            float t; cudaEventElapsedTime(&t, a, b);
+            if (r > 0) ms.push_back(t);  // the first is the warm-up
+        }
+        std::sort(ms.begin(), ms.end());
+        return ms[3];
+    };
+    auto nothing = [] {};
+    float pair_ms = median_ms(nothing, pair, nothing);
+    float alloc_ms = median_ms(nothing, alloc, release);
+    float free_ms = median_ms(alloc, release, nothing);
+    CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
-    EXPECT(h_err[0] == 0 && h_err[1] == 0, "pair kernel: %u nulls, %u errors", h_err[0], h_err[1]);
-    std::printf("pair kernel (1M x 16 B alloc + write + read + free) through the library: "
-                "%u registers, median %.3f ms of 7\n", attr.numRegs, ms[3]);
+    EXPECT(h_err[0] == 0 && h_err[1] == 0, "16 B kernels: %u nulls, %u errors", h_err[0], h_err[1]);
+    cudaFuncAttributes pair_attr, alloc_attr, free_attr;
+    CHECK_CUDA(cudaFuncGetAttributes(&pair_attr, pair16));
+    CHECK_CUDA(cudaFuncGetAttributes(&alloc_attr, alloc16));
+    CHECK_CUDA(cudaFuncGetAttributes(&free_attr, free16));
+    std::printf("1M x 16 B through the library, median of 7 (ms): pair %.3f (%d registers), "
+                "alloc %.3f (%d registers), free %.3f (%d registers)\n",
+                pair_ms, pair_attr.numRegs, alloc_ms, alloc_attr.numRegs, free_ms, free_attr.numRegs);
 
     // CUB and Thrust in the same program.
     thrust::device_vector<int> v(n);

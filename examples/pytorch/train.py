@@ -2,7 +2,7 @@
 """A transformer training loop and an allocation-heavy loop under each of
 PyTorch's allocators and cuheap's pool, same seed, one process each:
 
-    python3 examples/pytorch/train.py [--steps 200] [--out FILE.md]
+    python3 examples/pytorch/train.py [--steps 200] [--out FILE.md] [--floor-lib libfloor.so]
 
 - native: PyTorch's caching allocator;
 - cudaMallocAsync: PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync;
@@ -23,6 +23,11 @@ shapes drawn anew, computes on them and drops them; the median iteration.
 One process's figure varies more than the allocators differ, so the loop
 runs again in fresh processes (--heavy-rounds, 5 by default), the
 allocators taking turns, and the report gives the median of the rounds.
+cuheap's processes run with CUHEAP_HOOK_TIMES set and report the host
+time spent inside cuheap's hooks per iteration. With --floor-lib (a build
+of pluggable_floor.cpp beside this script: a pluggable allocator that
+costs next to nothing), the rounds also run PyTorch's pluggable-allocator
+path with that floor behind it: what the path costs apart from cuheap.
 """
 
 import argparse
@@ -38,17 +43,26 @@ MODES = [
     ("native", {}),
     ("cudaMallocAsync", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
     ("expandable_segments", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
-    ("cuheap", {}),
+    ("cuheap", {"CUHEAP_HOOK_TIMES": "1"}),
     ("native again", {}),
 ]
+FLOOR = "pluggable floor"
 
 
-def child(mode, steps, heavy_iters, heavy_only=False):
+def child(mode, steps, heavy_iters, heavy_only=False, floor_lib=None):
+    hooks = None
     if mode == "cuheap":
         sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
         import cuheap
 
         cuheap.use_in_torch()
+        hooks = cuheap.hook_times
+    if mode == FLOOR:
+        import torch
+
+        torch.cuda.memory.change_current_allocator(
+            torch.cuda.memory.CUDAPluggableAllocator(floor_lib, "floor_alloc", "floor_free")
+        )
     import torch
     import torch.nn as nn
 
@@ -63,8 +77,9 @@ def child(mode, steps, heavy_iters, heavy_only=False):
         peak = max(peak, total - free - base)
 
     if heavy_only:
-        heavy_ms, check = heavy_loop(torch, dev, heavy_iters)
-        print("RESULT " + json.dumps({"mode": mode, "heavy_ms": heavy_ms, "heavy_check": check}),
+        heavy_ms, check, hook = heavy_loop(torch, dev, heavy_iters, hooks)
+        print("RESULT " + json.dumps({"mode": mode, "heavy_ms": heavy_ms, "heavy_check": check,
+                                      "heavy_hooks": hook}),
               flush=True)
         return
 
@@ -99,7 +114,7 @@ def child(mode, steps, heavy_iters, heavy_only=False):
 
     # Allocation-heavy: many small tensors of changing shapes.
     del model, opt, out, loss, x, y
-    heavy_ms, heavy_check = heavy_loop(torch, dev, heavy_iters)
+    heavy_ms, heavy_check, heavy_hooks = heavy_loop(torch, dev, heavy_iters, hooks)
     sample()
     result = {
         "mode": mode,
@@ -111,6 +126,7 @@ def child(mode, steps, heavy_iters, heavy_only=False):
         "losses": losses,
         "heavy_ms": heavy_ms,
         "heavy_check": heavy_check,
+        "heavy_hooks": heavy_hooks,
     }
     if mode == "cuheap":
         import cuheap
@@ -119,12 +135,15 @@ def child(mode, steps, heavy_iters, heavy_only=False):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def heavy_loop(torch, dev, iters):
+def heavy_loop(torch, dev, iters, hooks=None):
     """The allocation-heavy loop: (median ms per iteration after the
-    first 10, a checksum of its results)."""
+    first 10, a checksum of its results, and with `hooks` (a reading of
+    cuheap's hook times) the median ms per iteration spent inside the
+    hooks, the calls per iteration and the longest call in us)."""
     shapes = torch.Generator().manual_seed(3)
-    heavy, checks = [], []
+    heavy, checks, inside, calls = [], [], [], []
     for it in range(iters):
+        h0 = hooks() if hooks else None
         sizes = torch.randint(1, 1 << 16, (64,), generator=shapes).tolist()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -135,7 +154,17 @@ def heavy_loop(torch, dev, iters):
         del ts, parts, total_sum
         torch.cuda.synchronize()
         heavy.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(heavy[10:] if len(heavy) > 20 else heavy), sum(checks)
+        if hooks:
+            h1 = hooks()
+            calls.append(h1[0] - h0[0])
+            inside.append((h1[1] - h0[1]) / 1e6)
+    skip = 10 if len(heavy) > 20 else 0
+    hook = None
+    if hooks:
+        hook = {"ms_per_iter": statistics.median(inside[skip:]),
+                "calls_per_iter": statistics.median(calls[skip:]),
+                "longest_us": hooks()[2] / 1e3}
+    return 1e3 * statistics.median(heavy[skip:]), sum(checks), hook
 
 
 def run_child(mode, env, args):
@@ -161,10 +190,12 @@ def main():
                          "training process)")
     ap.add_argument("--heavy-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help="also write the report (markdown) here, and .json beside it")
+    ap.add_argument("--floor-lib", help="a build of pluggable_floor.cpp: also run the alloc-heavy "
+                                        "rounds with it behind PyTorch's pluggable path")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(a.child, a.steps, a.heavy_iters, a.heavy_only)
+        child(a.child, a.steps, a.heavy_iters, a.heavy_only, a.floor_lib)
         return
     results = []
     for mode, env in MODES:
@@ -174,9 +205,11 @@ def main():
     # The alloc-heavy loop again, in fresh processes, the allocators taking
     # turns: one process's figure varies more than the allocators differ.
     rounds = []
+    turns = MODES[:4] + ([(FLOOR, {})] if a.floor_lib else [])
+    floor = ["--floor-lib", os.path.abspath(a.floor_lib)] if a.floor_lib else []
     for r in range(max(0, a.heavy_rounds - 1)):
-        for mode, env in MODES[:4]:
-            res = run_child(mode, env, ["--heavy-only", "--heavy-iters", str(a.heavy_iters)])
+        for mode, env in turns:
+            res = run_child(mode, env, ["--heavy-only", "--heavy-iters", str(a.heavy_iters)] + floor)
             rounds.append(dict(res, round=r + 2))
         print(f"alloc-heavy round {r + 2}: done", file=sys.stderr)
     results += rounds
@@ -253,7 +286,7 @@ def heavy_rounds(first, rounds):
     n = max(len(v) for v in per.values())
     out = ["Allocation-heavy loop, one process per figure, the allocators taking turns "
            "(ms per iteration; the first figure, and native's second, come from the training "
-           "runs above):", "",
+           "runs above; the pluggable floor runs in these rounds only):", "",
            "| allocator | " + " | ".join(f"run {i + 1}" for i in range(n))
            + " | median | vs native |",
            "|---|" + "---|" * (n + 2)]
@@ -264,6 +297,13 @@ def heavy_rounds(first, rounds):
             continue
         vs = f"{med[m] / med['native']:.3f}x" if "native" in med else "-"
         out.append(f"| {m} | " + " | ".join(cells) + f" | {med[m]:.3f} | {vs} |")
+    hooks = [r["heavy_hooks"] for r in first + rounds
+             if not r.get("failed") and r.get("heavy_hooks")]
+    if hooks:
+        out += ["", "Inside cuheap's hooks (CUHEAP_HOOK_TIMES), per cuheap process above: "
+                "median ms per iteration, calls per iteration, longest call in us: "
+                + "; ".join(f"{h['ms_per_iter']:.4f} ms, {h['calls_per_iter']:.0f} calls, "
+                            f"{h['longest_us']:.1f} us" for h in hooks)]
     return out
 
 

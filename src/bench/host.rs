@@ -13,7 +13,7 @@ use cudarc::driver::{result, sys, CudaStream};
 use serde::Serialize;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
 /// Per-call latencies of one allocator on one case, in microseconds.
@@ -37,6 +37,35 @@ pub struct Throughput {
     /// Allocations and frees that returned an error: not work done, and a
     /// run with any fails (`cuheap bench` exits with an error).
     pub failures: u64,
+    /// The threads' CPU time (user and system) over their time in the
+    /// loop, averaged: under 1 when they sleep (a lock, the driver).
+    pub cpu_share: f64,
+    /// Times a thread gave up its core waiting, per thread (voluntary
+    /// context switches: a contended lock sleeps).
+    pub waits_per_thread: f64,
+}
+
+/// CPU time and voluntary context switches of the calling thread so far.
+#[derive(Clone, Copy, Default)]
+struct ThreadUsage {
+    cpu_s: f64,
+    waits: u64,
+}
+
+impl ThreadUsage {
+    fn now() -> ThreadUsage {
+        // SAFETY: an all-zero `rusage` is valid; getrusage fills it.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: RUSAGE_THREAD with a valid out pointer.
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
+            return ThreadUsage::default();
+        }
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        ThreadUsage {
+            cpu_s: secs(u.ru_utime) + secs(u.ru_stime),
+            waits: u.ru_nvcsw as u64,
+        }
+    }
 }
 
 /// Device memory an allocator held for a workload, against what the
@@ -222,6 +251,33 @@ impl CApiPool {
             destroy,
             release,
             _lib: lib,
+        })
+    }
+}
+
+impl CApiPool {
+    /// What the boundary alone costs: `cuheap_pool_free(pool, NULL,
+    /// stream)` in a loop (the entry point's guard and error handling,
+    /// the pool's handle checked, no stream lookup and no pool work).
+    fn boundary(&self, s: &Arc<CudaStream>, calls: usize) -> Result<LoopCost> {
+        let mut per_call = Vec::with_capacity(7);
+        for _ in 0..7 {
+            let t = Instant::now();
+            for _ in 0..calls {
+                // SAFETY: a live pool; NULL is a documented no-op.
+                let rc = unsafe { (self.free)(self.pool, std::ptr::null_mut(), s.cu_stream()) };
+                if rc != 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "cuheap_pool_free(NULL) returned {rc}"
+                    )));
+                }
+            }
+            per_call.push(t.elapsed().as_nanos() as f64 / calls as f64);
+        }
+        Ok(LoopCost {
+            allocator: self.name(),
+            case: "free(NULL): the boundary alone".into(),
+            ns_per_call: pct(&mut per_call, 0.5),
         })
     }
 }
@@ -415,9 +471,12 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
     let streams = new_streams(gpu, threads)?;
     let barrier = Barrier::new(threads + 1);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
+    // Per thread: CPU seconds, seconds in the loop, voluntary switches.
+    let usage = Mutex::new((0.0f64, 0.0f64, 0u64));
     let start = std::thread::scope(|sc| {
         for (t, s) in streams.iter().enumerate() {
-            let (barrier, done, failed, ctx) = (&barrier, &done, &failed, gpu.context());
+            let (barrier, done, failed, usage, ctx) =
+                (&barrier, &done, &failed, &usage, gpu.context());
             sc.spawn(move || {
                 // A thread without the context fails its calls, and they are counted.
                 let _ = ctx.bind_to_thread();
@@ -426,6 +485,7 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
                 // A pair completes at its free.
                 let (mut completed, mut failures) = (0u64, 0u64);
                 barrier.wait();
+                let (began, before) = (Instant::now(), ThreadUsage::now());
                 for _ in 0..pairs {
                     let sz = 256 + (xorshift(&mut rng) % (64 << 10)) as usize;
                     match a.allocate(sz, s) {
@@ -446,6 +506,11 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
                         Err(_) => failures += 1,
                     }
                 }
+                let after = ThreadUsage::now();
+                let mut u = usage.lock().unwrap_or_else(|p| p.into_inner());
+                u.0 += after.cpu_s - before.cpu_s;
+                u.1 += began.elapsed().as_secs_f64();
+                u.2 += after.waits - before.waits;
                 done.fetch_add(completed, Ordering::Relaxed);
                 failed.fetch_add(failures, Ordering::Relaxed);
             });
@@ -454,6 +519,7 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
         Instant::now()
     });
     let secs = start.elapsed().as_secs_f64();
+    let (cpu, wall, waits) = usage.into_inner().unwrap_or_else(|p| p.into_inner());
     for s in &streams {
         a.release(s);
     }
@@ -463,6 +529,8 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
         threads,
         pairs_per_s: done.into_inner() as f64 / secs,
         failures: failed.into_inner(),
+        cpu_share: cpu / wall.max(f64::MIN_POSITIVE),
+        waits_per_thread: waits as f64 / threads as f64,
     })
 }
 
@@ -775,9 +843,17 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
                 super::device::size_name(size as u32)
             ));
             r.latency.push(single_size(c, &s, size, 20_000)?);
+            progress(&format!(
+                "{} {} in a loop",
+                c.name(),
+                super::device::size_name(size as u32)
+            ));
+            r.loops.push(in_a_loop(c, &s, size, 100_000)?);
         }
+        progress("the C API's boundary alone");
+        r.loops.push(c.boundary(&s, 100_000)?);
         c.release(&s);
-        for threads in [1, 4, 8] {
+        for threads in [1, 4, 8, 8] {
             progress(&format!("{} {threads} threads", c.name()));
             r.throughput.push(threaded(gpu, c, threads, 200_000)?);
         }
@@ -787,7 +863,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         r.latency.push(mixed(*a, &s)?);
         progress(&format!("{} producer/consumer", a.name()));
         r.latency.push(producer_consumer(gpu, *a, 2000)?);
-        for threads in [1, 4, 8] {
+        for threads in [1, 4, 8, 8] {
             progress(&format!("{} {threads} threads", a.name()));
             r.throughput.push(threaded(gpu, *a, threads, 200_000)?);
         }
@@ -826,7 +902,7 @@ pub fn table(r: &HostReport) -> String {
             out += &format!("| {} | {} | {:.1} |\n", l.case, l.allocator, l.ns_per_call);
         }
     }
-    out += "\n| threads (own stream each) | allocator | M pairs/s | vs 1 thread | failures |\n|---|---|---|---|---|\n";
+    out += "\n| threads (own stream each) | allocator | M pairs/s | vs 1 thread | failures | CPU time / time in the loop | voluntary waits per thread |\n|---|---|---|---|---|---|---|\n";
     for t in &r.throughput {
         let one = r
             .throughput
@@ -834,12 +910,14 @@ pub fn table(r: &HostReport) -> String {
             .find(|x| x.allocator == t.allocator && x.threads == 1)
             .map_or(f64::NAN, |x| x.pairs_per_s);
         out += &format!(
-            "| {} | {} | {:.2} | {:.2}x | {} |\n",
+            "| {} | {} | {:.2} | {:.2}x | {} | {:.2} | {:.0} |\n",
             t.threads,
             t.allocator,
             t.pairs_per_s / 1e6,
             t.pairs_per_s / one,
-            t.failures
+            t.failures,
+            t.cpu_share,
+            t.waits_per_thread
         );
     }
     if !r.memory.is_empty() {
