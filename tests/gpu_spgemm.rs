@@ -18,11 +18,12 @@ const METHODS: [Method; 5] = [
     Method::CudaMalloc,
 ];
 
-// CUDA's heap is the context's, shared by every test of this file and never
-// reset. At 1 GiB, with the tests run one at a time, R-MAT 13's CUDA-malloc
-// product got 4,863 nulls after the earlier tests had used that heap (its
-// fragmentation, not established); 4 GiB leaves room whatever the order.
-const MALLOC_HEAP: usize = 4 << 30;
+// CUDA's device heap, set once per process (see `setup`). Run one at a
+// time (`--test-threads 1`), R-MAT 13's CUDA-malloc product in
+// `every_method_matches_the_reference_on_every_generator` gets nulls after
+// the file's earlier tests, at 1 GiB and at 4 GiB alike (README,
+// Limitations); with the default test threads every test passes.
+const MALLOC_HEAP: usize = 1 << 30;
 
 fn setup() -> (Gpu, cuheap::kernels::Bench, DeviceHeap) {
     let gpu = cuheap::spgemm::gpu::open_gpu().expect("these tests need an NVIDIA GPU");
