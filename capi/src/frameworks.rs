@@ -5,13 +5,20 @@
 //!
 //! A pool is created on a device's first allocation (default settings: a
 //! reservation of the device's memory) and lives until the process ends.
-//! Allocation failures return NULL, with the reason in
-//! [`cuheap_last_error`](crate::cuheap_last_error) (PyTorch then raises
-//! its out-of-memory error).
+//! CuPy's hook returns NULL on a failed allocation, with the reason in
+//! [`cuheap_last_error`](crate::cuheap_last_error). PyTorch's pluggable
+//! allocator does not check what its hook returns (a NULL becomes a
+//! tensor at address 0, and the first kernel that touches it faults), so
+//! PyTorch's hook stops the process instead, with the reason on stderr:
+//! a device out of memory, or an allocation on a stream that is being
+//! captured into a CUDA graph (which the hooks do not serve).
 //!
 //! With `CUHEAP_TRACE` set to a file name, every allocation and free
 //! through these hooks is written there as a trace in RAPIDS RMM's CSV
 //! format (written out when the process exits), for `cuheap replay`.
+//! The pools refuse a stream that is being captured into a CUDA graph
+//! (a driver call per allocation and free); `CUHEAP_POOL_CHECK_CAPTURE=0`
+//! turns that off, for programs that never capture.
 //! With `CUHEAP_HOOK_TIMES` set, the hooks add up the host time spent
 //! inside them ([`cuheap_hook_times`]): what a framework's allocations
 //! cost in cuheap, apart from the framework's own work around each call.
@@ -49,12 +56,19 @@ pub fn device_pool(device: c_int) -> Result<&'static CuheapPool> {
         return Ok(p);
     }
     let ctx = device_context(device as usize)?;
+    // PyTorch captures graphs on its pools' streams: refuse that clearly
+    // rather than hand a replay's memory out again. It costs a driver call
+    // per allocation and free; a program that never captures may turn it
+    // off with CUHEAP_POOL_CHECK_CAPTURE=0.
+    let check = std::env::var_os("CUHEAP_POOL_CHECK_CAPTURE").is_none_or(|v| v != "0");
     let pool: &'static CuheapPool = Box::leak(Box::new(CuheapPool::new(
         ctx,
-        // PyTorch captures graphs on its pools' streams: refuse that
-        // clearly rather than hand a replay's memory out again.
         &CuheapPoolConfig {
-            flags: crate::pool::CUHEAP_POOL_CHECK_CAPTURE,
+            flags: if check {
+                crate::pool::CUHEAP_POOL_CHECK_CAPTURE
+            } else {
+                0
+            },
             ..CuheapPoolConfig::default()
         },
     )?));
@@ -153,8 +167,18 @@ pub unsafe extern "C" fn cuheap_hook_times(
 /// The allocation both hooks make: NULL for size 0 (no error) and on
 /// failure (the reason kept for `cuheap_last_error`).
 fn alloc_on(size: usize, device: c_int, stream: sys::CUstream, name: &str) -> *mut c_void {
+    alloc_with_code(size, device, stream, name).0
+}
+
+/// [`alloc_on`], with the entry point's code.
+fn alloc_with_code(
+    size: usize,
+    device: c_int,
+    stream: sys::CUstream,
+    name: &str,
+) -> (*mut c_void, c_int) {
     if size == 0 {
-        return std::ptr::null_mut();
+        return (std::ptr::null_mut(), crate::CUHEAP_OK);
     }
     let start = hook_clock();
     let mut out = 0u64;
@@ -168,10 +192,26 @@ fn alloc_on(size: usize, device: c_int, stream: sys::CUstream, name: &str) -> *m
     });
     hook_done(start);
     if rc == crate::CUHEAP_OK {
-        out as *mut c_void
+        (out as *mut c_void, rc)
     } else {
-        std::ptr::null_mut()
+        (std::ptr::null_mut(), rc)
     }
+}
+
+/// Whether `stream` is being captured into a CUDA graph (false if the
+/// driver cannot say).
+fn capturing(stream: sys::CUstream) -> bool {
+    if !cuheap_host::driver::driver_present() {
+        return false;
+    }
+    std::panic::catch_unwind(|| {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: out-parameter; PyTorch passes its own live streams.
+        let r = unsafe { sys::cuStreamIsCapturing(stream, &mut status) };
+        r == sys::CUresult::CUDA_SUCCESS
+            && status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    })
+    .unwrap_or(false)
 }
 
 fn free_on(ptr: *mut c_void, device: c_int, stream: sys::CUstream, name: &str) {
@@ -201,7 +241,11 @@ fn free_on(ptr: *mut c_void, device: c_int, stream: sys::CUstream, name: &str) {
 
 /// PyTorch's allocation hook: `void* cuheap_torch_alloc(ssize_t size, int
 /// device, cudaStream_t stream)`: `size` bytes on `device` for work on
-/// `stream`, 256-byte aligned; NULL for size 0 and on failure.
+/// `stream`, 256-byte aligned; NULL for size 0 and for bad arguments (a
+/// negative size, a device that does not exist, no GPU). When the device
+/// is out of memory, or `stream` is being captured into a CUDA graph
+/// (which the pool refuses), it says why on stderr and aborts the
+/// process: PyTorch does not check the pointer its hook returns.
 ///
 /// # Safety
 ///
@@ -213,13 +257,35 @@ pub unsafe extern "C" fn cuheap_torch_alloc(
     device: c_int,
     stream: sys::CUstream,
 ) -> *mut c_void {
-    match usize::try_from(size) {
-        Ok(size) => alloc_on(size, device, stream, "cuheap_torch_alloc"),
-        Err(_) => {
-            entry("cuheap_torch_alloc", || invalid(format!("size {size}")));
-            std::ptr::null_mut()
-        }
+    let Ok(bytes) = usize::try_from(size) else {
+        entry("cuheap_torch_alloc", || invalid(format!("size {size}")));
+        return std::ptr::null_mut();
+    };
+    let (p, rc) = alloc_with_code(bytes, device, stream, "cuheap_torch_alloc");
+    // What PyTorch itself can bring about stops the process; bad
+    // arguments (a direct caller's) get NULL, as documented.
+    if p.is_null()
+        && (rc == crate::CUHEAP_ERROR_OUT_OF_MEMORY
+            || (rc == crate::CUHEAP_ERROR_INVALID && capturing(stream)))
+    {
+        stop_for_pytorch(size);
     }
+    p
+}
+
+/// PyTorch would use a NULL from its allocation hook as a tensor's
+/// address: say why the allocation failed and stop the process.
+fn stop_for_pytorch(size: isize) -> ! {
+    use std::io::Write;
+    // SAFETY: the message is NUL-terminated and owned by this thread.
+    let msg = unsafe { std::ffi::CStr::from_ptr(crate::cuheap_last_error()) };
+    let _ = writeln!(
+        std::io::stderr(),
+        "cuheap: PyTorch asked for {size} bytes and cuheap cannot serve them ({}); PyTorch's \
+         pluggable allocator cannot be told (it would use a null pointer), so the process stops",
+        msg.to_string_lossy()
+    );
+    std::process::abort()
 }
 
 /// PyTorch's free hook: `void cuheap_torch_free(void* ptr, ssize_t size,

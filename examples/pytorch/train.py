@@ -47,11 +47,15 @@ MODES = [
     ("native again", {}),
 ]
 FLOOR = "pluggable floor"
+# cuheap without its capture check (a driver call per allocation and free),
+# in the alloc-heavy rounds only: what the check costs there.
+UNCHECKED = ("cuheap, no capture check",
+             {"CUHEAP_HOOK_TIMES": "1", "CUHEAP_POOL_CHECK_CAPTURE": "0"})
 
 
 def child(mode, steps, heavy_iters, heavy_only=False, floor_lib=None):
     hooks = None
-    if mode == "cuheap":
+    if mode.startswith("cuheap"):
         sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
         import cuheap
 
@@ -128,7 +132,7 @@ def child(mode, steps, heavy_iters, heavy_only=False, floor_lib=None):
         "heavy_check": heavy_check,
         "heavy_hooks": heavy_hooks,
     }
-    if mode == "cuheap":
+    if mode.startswith("cuheap"):
         import cuheap
 
         result["pool"] = cuheap.stats(0)
@@ -205,7 +209,7 @@ def main():
     # The alloc-heavy loop again, in fresh processes, the allocators taking
     # turns: one process's figure varies more than the allocators differ.
     rounds = []
-    turns = MODES[:4] + ([(FLOOR, {})] if a.floor_lib else [])
+    turns = MODES[:4] + [UNCHECKED] + ([(FLOOR, {})] if a.floor_lib else [])
     floor = ["--floor-lib", os.path.abspath(a.floor_lib)] if a.floor_lib else []
     for r in range(max(0, a.heavy_rounds - 1)):
         for mode, env in turns:
@@ -286,7 +290,8 @@ def heavy_rounds(first, rounds):
     n = max(len(v) for v in per.values())
     out = ["Allocation-heavy loop, one process per figure, the allocators taking turns "
            "(ms per iteration; the first figure, and native's second, come from the training "
-           "runs above; the pluggable floor runs in these rounds only):", "",
+           "runs above; cuheap without its capture check and the pluggable floor run in these "
+           "rounds only):", "",
            "| allocator | " + " | ".join(f"run {i + 1}" for i in range(n))
            + " | median | vs native |",
            "|---|" + "---|" * (n + 2)]
@@ -300,10 +305,13 @@ def heavy_rounds(first, rounds):
     hooks = [r["heavy_hooks"] for r in first + rounds
              if not r.get("failed") and r.get("heavy_hooks")]
     if hooks:
-        out += ["", "Inside cuheap's hooks (CUHEAP_HOOK_TIMES), per cuheap process above: "
-                "median ms per iteration, calls per iteration, longest call in us: "
-                + "; ".join(f"{h['ms_per_iter']:.4f} ms, {h['calls_per_iter']:.0f} calls, "
-                            f"{h['longest_us']:.1f} us" for h in hooks)]
+        out += ["", "Inside cuheap's hooks (CUHEAP_HOOK_TIMES), per cuheap process above "
+                "(median ms per iteration, calls per iteration, longest call in us):"]
+        for r in first + rounds:
+            h = r.get("heavy_hooks")
+            if h and not r.get("failed"):
+                out.append(f"- {r['mode']}: {h['ms_per_iter']:.4f} ms, {h['calls_per_iter']:.0f} calls, "
+                           f"{h['longest_us']:.1f} us")
     return out
 
 

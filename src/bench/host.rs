@@ -180,6 +180,30 @@ impl Alloc for Pool {
     }
 }
 
+/// The Rust pool with the C API pool's settings and history (a fresh
+/// pool of the device's memory, warmed by the single sizes only): its
+/// threads tell what the boundary costs from what the pool's state does.
+pub struct FreshPool(Pool);
+
+impl Resource for FreshPool {
+    type Stream = Arc<CudaStream>;
+    fn allocate(&self, size: usize, s: &Arc<CudaStream>) -> Result<u64> {
+        self.0.alloc(size, s)
+    }
+    fn deallocate(&self, p: u64, s: &Arc<CudaStream>) -> Result<()> {
+        self.0.free(p, s)
+    }
+    fn stream_id(s: &Arc<CudaStream>) -> usize {
+        CudaBackend::stream_id(s)
+    }
+}
+
+impl Alloc for FreshPool {
+    fn name(&self) -> &'static str {
+        "cuheap pool, C API's settings and history"
+    }
+}
+
 type PoolCreate = unsafe extern "C" fn(*const u8, *mut *mut c_void) -> i32;
 type PoolAlloc = unsafe extern "C" fn(*mut c_void, usize, sys::CUstream, *mut *mut c_void) -> i32;
 type PoolFree = unsafe extern "C" fn(*mut c_void, *mut c_void, sys::CUstream) -> i32;
@@ -515,10 +539,34 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
                 failed.fetch_add(failures, Ordering::Relaxed);
             });
         }
+        // With CUHEAP_BENCH_PROFILE=DIR, the runs of 8 threads are sampled.
+        let sampler = match std::env::var_os("CUHEAP_BENCH_PROFILE") {
+            Some(_) if threads == 8 => super::sampler::Sampler::start(997).ok(),
+            _ => None,
+        };
         barrier.wait();
-        Instant::now()
+        (Instant::now(), sampler)
     });
+    let (start, sampler) = start;
     let secs = start.elapsed().as_secs_f64();
+    if let (Some(s), Some(dir)) = (sampler, std::env::var_os("CUHEAP_BENCH_PROFILE")) {
+        let name: String = a
+            .name()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let mut path = std::path::PathBuf::from(&dir).join(format!("profile-{name}-8.txt"));
+        for k in 2.. {
+            if !path.exists() {
+                break;
+            }
+            path = std::path::PathBuf::from(&dir).join(format!("profile-{name}-8-{k}.txt"));
+        }
+        s.finish(
+            &path,
+            &format!("{}: {threads} threads, own stream each", a.name()),
+        )?;
+    }
     let (cpu, wall, waits) = usage.into_inner().unwrap_or_else(|p| p.into_inner());
     for s in &streams {
         a.release(s);
@@ -856,6 +904,17 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         for threads in [1, 4, 8, 8] {
             progress(&format!("{} {threads} threads", c.name()));
             r.throughput.push(threaded(gpu, c, threads, 200_000)?);
+        }
+        let fresh = FreshPool(Pool::new(
+            gpu.context(),
+            PoolConfig::new(gpu.info().memory_bytes),
+        )?);
+        for size in [256usize, 64 << 10, 1 << 20] {
+            single_size(&fresh, &s, size, 20_000)?;
+        }
+        for threads in [1, 8, 8] {
+            progress(&format!("{} {threads} threads", fresh.name()));
+            r.throughput.push(threaded(gpu, &fresh, threads, 200_000)?);
         }
     }
     for a in &allocs[..2] {

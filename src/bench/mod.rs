@@ -11,6 +11,7 @@ pub mod growth;
 pub mod host;
 pub mod replay;
 pub mod report;
+pub mod sampler;
 pub mod snapshot;
 pub mod spgemm;
 pub mod workload;
