@@ -7,7 +7,8 @@
 //!     cargo run --release --example threads_model -- fresh 8
 //!     cargo run --release --example threads_model -- warm 8
 //!
-//! With `PROFILE=DIR` the threads are sampled into
+//! `CACHE_LIMIT_MIB`, `STREAM_CACHE_LIMIT_MIB` and `INITIAL_MIB` change
+//! the pool's settings. With `PROFILE=DIR` the threads are sampled into
 //! `DIR/model-<fresh|warm>-<threads>.txt` (`scripts/symbolize.py` names
 //! the addresses).
 
@@ -53,11 +54,17 @@ fn main() {
     let n: usize = std::env::args()
         .nth(2)
         .map_or(8, |s| s.parse().expect("a thread count"));
-    let pool = Pool::with_backend(
-        HostBackend::new(64 << 10, usize::MAX),
-        PoolConfig::new(16 << 30),
-    )
-    .expect("pool");
+    // CACHE_LIMIT_MIB, STREAM_CACHE_LIMIT_MIB, INITIAL_MIB: other settings.
+    let mib = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|v| v.parse::<usize>().expect("MiB") << 20)
+    };
+    let mut cfg = PoolConfig::new(16 << 30);
+    cfg.cache_limit = mib("CACHE_LIMIT_MIB").unwrap_or(cfg.cache_limit);
+    cfg.stream_cache_limit = mib("STREAM_CACHE_LIMIT_MIB").unwrap_or(cfg.stream_cache_limit);
+    cfg.initial = mib("INITIAL_MIB").unwrap_or(cfg.initial);
+    let pool = Pool::with_backend(HostBackend::new(64 << 10, usize::MAX), cfg).expect("pool");
     let s = HostStream::new();
     for size in [256usize, 64 << 10, 1 << 20] {
         for _ in 0..20_000 {

@@ -1188,3 +1188,39 @@ fn holes_serve_again_once_the_range_is_used_up() {
         pool.free(*p, &s).unwrap();
     }
 }
+
+/// A heap with almost no free page left takes blocks back from the
+/// asking stream's cache (half of it) before it looks further, rather
+/// than scavenging for each page while the cache holds free memory: the
+/// next allocation of another size is served by what the cache gave
+/// back, with no growth.
+#[test]
+fn a_nearly_full_heap_takes_back_half_of_the_asking_streams_cache() {
+    let cfg = PoolConfig {
+        initial: 16 * MIB,
+        chunk: 2 * MIB,
+        ..PoolConfig::new(64 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let s = HostStream::new();
+    // Eight spans of 2 MiB (past the threads' caches) fill the heap.
+    let blocks: Vec<u64> = (0..8).map(|_| pool.alloc(2 * MIB, &s).unwrap()).collect();
+    let grows = pool.stats().grows;
+    for &b in &blocks[..4] {
+        pool.free(b, &s).unwrap();
+    }
+    assert_eq!(pool.stats().cached(), 8 * MIB, "freed blocks stay cached");
+    // Another size: the cache has none, the heap no room.
+    let small = pool.alloc(512 * KIB, &s).unwrap();
+    let st = pool.stats();
+    assert_eq!(
+        st.grows, grows,
+        "served from what the cache gave back: {st:?}"
+    );
+    assert_eq!(st.cached(), 4 * MIB, "half of the cache went back: {st:?}");
+    pool.free(small, &s).unwrap();
+    for &b in &blocks[4..] {
+        pool.free(b, &s).unwrap();
+    }
+    assert_eq!(pool.stats().in_use, 0);
+}
