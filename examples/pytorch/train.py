@@ -141,16 +141,17 @@ def child(mode, steps, heavy_iters, heavy_only=False, floor_lib=None):
 
 def heavy_loop(torch, dev, iters, hooks=None):
     """The allocation-heavy loop: (median ms per iteration after the
-    first 10, a checksum of its results, and with `hooks` (a reading of
-    cuheap's hook times) the median ms per iteration spent inside the
-    hooks, the calls per iteration and the longest call in us)."""
+    first 10, a checksum of its results, a dict: the median host CPU ms
+    per iteration of this thread, and with `hooks` (a reading of cuheap's
+    hook times) the median ms per iteration spent inside the hooks, the
+    calls per iteration and the longest call in us)."""
     shapes = torch.Generator().manual_seed(3)
-    heavy, checks, inside, calls = [], [], [], []
+    heavy, checks, inside, calls, cpu = [], [], [], [], []
     for it in range(iters):
         h0 = hooks() if hooks else None
         sizes = torch.randint(1, 1 << 16, (64,), generator=shapes).tolist()
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         ts = [torch.full((n,), float(k), device=dev) * 2 + 1 for k, n in enumerate(sizes)]
         parts = torch.cat([t[:8] for t in ts])
         total_sum = sum(t.sum() for t in ts[::8])
@@ -158,6 +159,7 @@ def heavy_loop(torch, dev, iters, hooks=None):
         del ts, parts, total_sum
         torch.cuda.synchronize()
         heavy.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
         if hooks:
             h1 = hooks()
             calls.append(h1[0] - h0[0])
@@ -168,6 +170,7 @@ def heavy_loop(torch, dev, iters, hooks=None):
         hook = {"ms_per_iter": statistics.median(inside[skip:]),
                 "calls_per_iter": statistics.median(calls[skip:]),
                 "longest_us": hooks()[2] / 1e3}
+    hook = dict(hook or {}, cpu_ms_per_iter=1e3 * statistics.median(cpu[skip:]))
     return 1e3 * statistics.median(heavy[skip:]), sum(checks), hook
 
 
@@ -302,14 +305,23 @@ def heavy_rounds(first, rounds):
             continue
         vs = f"{med[m] / med['native']:.3f}x" if "native" in med else "-"
         out.append(f"| {m} | " + " | ".join(cells) + f" | {med[m]:.3f} | {vs} |")
+    cpu = {}
+    for r in first + rounds:
+        h = r.get("heavy_hooks") or {}
+        if not r.get("failed") and "cpu_ms_per_iter" in h:
+            cpu.setdefault(r["mode"].replace(" again", ""), []).append(h["cpu_ms_per_iter"])
+    if cpu:
+        out += ["", "Host CPU time of the loop's thread per iteration (time.thread_time), median of "
+                "each process's median, ms: "
+                + "; ".join(f"{m} {statistics.median(v):.3f}" for m, v in cpu.items())]
     hooks = [r["heavy_hooks"] for r in first + rounds
-             if not r.get("failed") and r.get("heavy_hooks")]
+             if not r.get("failed") and r.get("heavy_hooks", {}).get("ms_per_iter") is not None]
     if hooks:
         out += ["", "Inside cuheap's hooks (CUHEAP_HOOK_TIMES), per cuheap process above "
                 "(median ms per iteration, calls per iteration, longest call in us):"]
         for r in first + rounds:
             h = r.get("heavy_hooks")
-            if h and not r.get("failed"):
+            if h and h.get("ms_per_iter") is not None and not r.get("failed"):
                 out.append(f"- {r['mode']}: {h['ms_per_iter']:.4f} ms, {h['calls_per_iter']:.0f} calls, "
                            f"{h['longest_us']:.1f} us")
     return out
