@@ -345,10 +345,10 @@ int cuheap_device_heap_destroy(cuheap_device_heap_t* heap);
 
 /* --- One pool per device for the process: PyTorch and CuPy. --- */
 /* torch.cuda.memory.CUDAPluggableAllocator(path, "cuheap_torch_alloc",
- * "cuheap_torch_free"). NULL for size 0 and bad arguments. When the device
- * is out of memory or the stream is being captured into a CUDA graph, it
- * prints why and aborts the process: PyTorch does not check the pointer
- * it gets. */
+ * "cuheap_torch_free"). NULL for size 0, bad arguments and no GPU. On any
+ * other failure (device out of memory, a stream being captured into a
+ * CUDA graph, a driver error) it prints why and aborts the process:
+ * PyTorch does not check the pointer it gets. */
 void* cuheap_torch_alloc(ptrdiff_t size, int device, cuheap_stream_t stream);
 void cuheap_torch_free(void* ptr, ptrdiff_t size, int device, cuheap_stream_t stream);
 /* cupy.cuda.CFunctionAllocator(0, malloc, free, owner): CuPy passes no

@@ -9,9 +9,10 @@
 //! [`cuheap_last_error`](crate::cuheap_last_error). PyTorch's pluggable
 //! allocator does not check what its hook returns (a NULL becomes a
 //! tensor at address 0, and the first kernel that touches it faults), so
-//! PyTorch's hook stops the process instead, with the reason on stderr:
-//! a device out of memory, or an allocation on a stream that is being
-//! captured into a CUDA graph (which the hooks do not serve).
+//! PyTorch's hook stops the process instead, with the reason on stderr,
+//! on every failure but bad arguments: a device out of memory, an
+//! allocation on a stream that is being captured into a CUDA graph
+//! (which the hooks do not serve), a driver error.
 //!
 //! With `CUHEAP_TRACE` set to a file name, every allocation and free
 //! through these hooks is written there as a trace in RAPIDS RMM's CSV
@@ -242,10 +243,11 @@ fn free_on(ptr: *mut c_void, device: c_int, stream: sys::CUstream, name: &str) {
 /// PyTorch's allocation hook: `void* cuheap_torch_alloc(ssize_t size, int
 /// device, cudaStream_t stream)`: `size` bytes on `device` for work on
 /// `stream`, 256-byte aligned; NULL for size 0 and for bad arguments (a
-/// negative size, a device that does not exist, no GPU). When the device
-/// is out of memory, or `stream` is being captured into a CUDA graph
-/// (which the pool refuses), it says why on stderr and aborts the
-/// process: PyTorch does not check the pointer its hook returns.
+/// negative size, a device that does not exist, no GPU). Any other
+/// failure (the device out of memory, `stream` being captured into a CUDA
+/// graph, which the pool refuses, a driver error) says why on stderr,
+/// writes out the trace if one is kept, and aborts the process: PyTorch
+/// does not check the pointer its hook returns.
 ///
 /// # Safety
 ///
@@ -262,12 +264,11 @@ pub unsafe extern "C" fn cuheap_torch_alloc(
         return std::ptr::null_mut();
     };
     let (p, rc) = alloc_with_code(bytes, device, stream, "cuheap_torch_alloc");
-    // What PyTorch itself can bring about stops the process; bad
-    // arguments (a direct caller's) get NULL, as documented.
-    if p.is_null()
-        && (rc == crate::CUHEAP_ERROR_OUT_OF_MEMORY
-            || (rc == crate::CUHEAP_ERROR_INVALID && capturing(stream)))
-    {
+    // Every failure stops the process but bad arguments (a direct
+    // caller's, which PyTorch does not make) and no GPU: those get NULL,
+    // as documented. A capturing stream is refused as an invalid argument.
+    let argument = rc == crate::CUHEAP_ERROR_INVALID && !capturing(stream);
+    if p.is_null() && bytes > 0 && !argument && rc != crate::CUHEAP_ERROR_NO_DEVICE {
         stop_for_pytorch(size);
     }
     p
@@ -285,6 +286,8 @@ fn stop_for_pytorch(size: isize) -> ! {
          pluggable allocator cannot be told (it would use a null pointer), so the process stops",
         msg.to_string_lossy()
     );
+    // An abort skips the exit hooks: the trace (`CUHEAP_TRACE`) first.
+    flush_trace();
     std::process::abort()
 }
 

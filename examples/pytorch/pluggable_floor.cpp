@@ -41,16 +41,20 @@ extern "C" void* floor_alloc(ssize_t size, int device, cudaStream_t stream) {
         list.pop_back();
         return p;
     }
+    // PyTorch does not check the pointer a pluggable allocator returns:
+    // stop rather than hand it NULL.
     if (arena == nullptr) {
         const char* env = std::getenv("FLOOR_ARENA_MIB");
         arena_bytes = size_t(env ? std::atoll(env) : 4096) << 20;
         if (cudaMalloc(&arena, arena_bytes) != cudaSuccess) {
             std::fprintf(stderr, "pluggable floor: cudaMalloc of the arena failed\n");
-            arena = nullptr;
-            return nullptr;
+            std::abort();
         }
     }
-    if (used + n > arena_bytes) return nullptr;  // PyTorch reports out of memory
+    if (used + n > arena_bytes) {
+        std::fprintf(stderr, "pluggable floor: the %zu MiB arena is used up\n", arena_bytes >> 20);
+        std::abort();
+    }
     void* p = arena + used;
     used += n;
     return p;

@@ -1189,6 +1189,17 @@ fn holes_serve_again_once_the_range_is_used_up() {
     }
 }
 
+/// A pool of 16 MiB mapped (of 64 MiB) in 2 MiB chunks, and a stream.
+fn sixteen_mib_in_2_mib_chunks() -> (Pool<HostBackend>, HostStream) {
+    let cfg = PoolConfig {
+        initial: 16 * MIB,
+        chunk: 2 * MIB,
+        ..PoolConfig::new(64 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    (pool, HostStream::new())
+}
+
 /// A heap with almost no free page left takes blocks back from the
 /// asking stream's cache (half of it) before it looks further, rather
 /// than scavenging for each page while the cache holds free memory: the
@@ -1196,13 +1207,7 @@ fn holes_serve_again_once_the_range_is_used_up() {
 /// back, with no growth.
 #[test]
 fn a_nearly_full_heap_takes_back_half_of_the_asking_streams_cache() {
-    let cfg = PoolConfig {
-        initial: 16 * MIB,
-        chunk: 2 * MIB,
-        ..PoolConfig::new(64 * MIB)
-    };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
-    let s = HostStream::new();
+    let (pool, s) = sixteen_mib_in_2_mib_chunks();
     // Eight spans of 2 MiB (past the threads' caches) fill the heap.
     let blocks: Vec<u64> = (0..8).map(|_| pool.alloc(2 * MIB, &s).unwrap()).collect();
     let grows = pool.stats().grows;
@@ -1223,4 +1228,24 @@ fn a_nearly_full_heap_takes_back_half_of_the_asking_streams_cache() {
         pool.free(b, &s).unwrap();
     }
     assert_eq!(pool.stats().in_use, 0);
+}
+
+/// With a sixteenth of the heap free or more, a cache keeps what it holds:
+/// an allocation of another size comes from the free pages.
+#[test]
+fn a_heap_with_room_leaves_the_caches_alone() {
+    let (pool, s) = sixteen_mib_in_2_mib_chunks();
+    // 12 of 16 MiB taken, 2 blocks of them then cached: 4 MiB stay free.
+    let blocks: Vec<u64> = (0..6).map(|_| pool.alloc(2 * MIB, &s).unwrap()).collect();
+    for &b in &blocks[..2] {
+        pool.free(b, &s).unwrap();
+    }
+    let small = pool.alloc(512 * KIB, &s).unwrap();
+    let st = pool.stats();
+    assert_eq!(st.cached(), 4 * MIB, "the cache kept its blocks: {st:?}");
+    assert_eq!(st.retires, 0, "{st:?}");
+    pool.free(small, &s).unwrap();
+    for &b in &blocks[2..] {
+        pool.free(b, &s).unwrap();
+    }
 }

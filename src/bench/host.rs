@@ -53,6 +53,12 @@ struct ThreadUsage {
 }
 
 impl ThreadUsage {
+    #[cfg(not(target_os = "linux"))]
+    fn now() -> ThreadUsage {
+        ThreadUsage::default() // RUSAGE_THREAD is Linux's
+    }
+
+    #[cfg(target_os = "linux")]
     fn now() -> ThreadUsage {
         // SAFETY: an all-zero `rusage` is valid; getrusage fills it.
         let mut u: libc::rusage = unsafe { std::mem::zeroed() };
@@ -181,8 +187,9 @@ impl Alloc for Pool {
 }
 
 /// The Rust pool with the C API pool's settings and history (a fresh
-/// pool of the device's memory, warmed by the single sizes only): its
-/// threads tell what the boundary costs from what the pool's state does.
+/// pool of the device's memory, through the same single sizes and loops
+/// before its threads): its threads tell what the boundary costs from
+/// what the pool's state does.
 pub struct FreshPool(Pool);
 
 impl Resource for FreshPool {
@@ -201,6 +208,9 @@ impl Resource for FreshPool {
 impl Alloc for FreshPool {
     fn name(&self) -> &'static str {
         "cuheap pool, C API's settings and history"
+    }
+    fn release(&self, stream: &Arc<CudaStream>) {
+        let _ = self.0.release_stream(stream);
     }
 }
 
@@ -541,7 +551,18 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
         }
         // With CUHEAP_BENCH_PROFILE=DIR, the runs of 8 threads are sampled.
         let sampler = match std::env::var_os("CUHEAP_BENCH_PROFILE") {
-            Some(_) if threads == 8 => super::sampler::Sampler::start(997).ok(),
+            Some(dir) if threads == 8 => {
+                let started = std::fs::create_dir_all(&dir)
+                    .map_err(|e| Error::InvalidArgument(format!("CUHEAP_BENCH_PROFILE: {e}")))
+                    .and_then(|()| super::sampler::Sampler::start(997));
+                match started {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        eprintln!("cuheap bench host: not sampled: {e}");
+                        None
+                    }
+                }
+            }
             _ => None,
         };
         barrier.wait();
@@ -911,7 +932,9 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         )?);
         for size in [256usize, 64 << 10, 1 << 20] {
             single_size(&fresh, &s, size, 20_000)?;
+            in_a_loop(&fresh, &s, size, 100_000)?;
         }
+        fresh.release(&s);
         for threads in [1, 8, 8] {
             progress(&format!("{} {threads} threads", fresh.name()));
             r.throughput.push(threaded(gpu, &fresh, threads, 200_000)?);

@@ -21,9 +21,18 @@ static ADDRESSES: [AtomicU64; CAPACITY] = [const { AtomicU64::new(0) }; CAPACITY
 static TAKEN: AtomicUsize = AtomicUsize::new(0);
 static RUNNING: AtomicBool = AtomicBool::new(false);
 
-/// A running sampler (one per process at a time).
+/// A running sampler (one per process at a time). Dropped without
+/// [`Sampler::finish`] (a panic on the way), it stops the timer.
 pub struct Sampler {
     hz: u32,
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        let _ = set_timer(0);
+        RUNNING.store(false, Ordering::Release);
+    }
 }
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
@@ -102,10 +111,11 @@ impl Sampler {
 
     /// Stops sampling and writes `label`, the samples by address (most
     /// frequent first) and `/proc/self/maps` to `path`.
+    /// The samples are read before another sampler may start (which
+    /// dropping `self` at the end allows).
     pub fn finish(self, path: &Path, label: &str) -> Result<()> {
         #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
         set_timer(0)?;
-        RUNNING.store(false, Ordering::Release);
         let n = TAKEN.load(Ordering::Relaxed).min(CAPACITY);
         let mut counts: HashMap<u64, u64> = HashMap::new();
         for a in &ADDRESSES[..n] {

@@ -230,6 +230,9 @@ pub struct Pool<B: Backend = CudaBackend> {
     region: Region<B>,
     /// Held while the mapping changes (grow, trim).
     grow_lock: Mutex<()>,
+    /// Pages below the mapped end that moves left fenced and unmapped
+    /// (the region's holes): not free, though no block counts them.
+    hole_pages: AtomicU64,
     /// Counters of streams the pool no longer tracks (`release_stream`).
     forgotten_counts: Mutex<[u64; 4]>,
     /// Blocks waiting for their streams before they go back to the heap.
@@ -378,6 +381,7 @@ impl<B: Backend> Pool<B> {
             _meta: meta,
             region,
             grow_lock: Mutex::new(()),
+            hole_pages: AtomicU64::new(0),
             forgotten_counts: Mutex::new([0; 4]),
             retired: Mutex::new(Vec::new()),
             guards: Guards::new(pages as usize),
@@ -1385,7 +1389,16 @@ impl<B: Backend> Pool<B> {
         if moved > 0 {
             self.bump(MOVES);
         }
+        self.count_holes();
         moved
+    }
+
+    /// Counts the region's holes for [`Pool::keep_headroom`]. Callers hold
+    /// `grow_lock`.
+    fn count_holes(&self) {
+        let bytes: usize = self.region.holes().iter().map(|&(_, len)| len).sum();
+        self.hole_pages
+            .store((bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
     }
 
     /// Maps memory into every hole again and opens their pages: the
@@ -1401,6 +1414,7 @@ impl<B: Backend> Pool<B> {
             // the end); the caller holds `grow_lock`.
             unsafe { heap.unfence(from, to) };
         }
+        self.count_holes();
     }
 
     /// Maps memory until the mapped prefix reaches `bytes` (or the
@@ -1425,7 +1439,11 @@ impl<B: Backend> Pool<B> {
 
     /// When fewer than 1/[`HEADROOM`] of the heap's pages are free, sheds
     /// half of `own`'s cache into the heap (behind its stream's guard, as
-    /// a cache past its bound does), if it holds a chunk or more. A heap
+    /// a cache past its bound does), if it holds a chunk or more. Free
+    /// means not taken by a class page or a span and not in a hole; a
+    /// class page with free blocks counts as taken, so a heap whose
+    /// pages are partly used may shed though it could still serve some
+    /// sizes. A heap
     /// mapped to its last pages finds a page only by scavenging every
     /// slot's lists, for each page it needs, while the caches hold the
     /// free blocks, and a pool that keeps finding one that way never
@@ -1439,7 +1457,8 @@ impl<B: Backend> Pool<B> {
         }
         let heap = self.heap();
         let limit = heap.limit();
-        let taken = heap.counters().units_taken.load(Ordering::Relaxed);
+        let taken = heap.counters().units_taken.load(Ordering::Relaxed)
+            + self.hole_pages.load(Ordering::Relaxed);
         if (limit as u64).saturating_sub(taken) >= (limit / HEADROOM) as u64 {
             return;
         }
@@ -1631,6 +1650,7 @@ impl<B: Backend> Pool<B> {
             // fenced, past the end.
             heap.set_limit((self.region.end() / PAGE_SIZE) as u32);
         }
+        self.count_holes();
         Ok(mapped)
     }
 
