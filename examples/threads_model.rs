@@ -12,37 +12,20 @@
 //! `DIR/model-<fresh|warm>-<threads>.txt` (`scripts/symbolize.py` names
 //! the addresses).
 
+use cuheap::bench::host::{thread_pairs, xorshift};
 use cuheap::bench::sampler::Sampler;
 use cuheap_host::{HostBackend, HostStream, Pool, PoolConfig};
 use std::time::Instant;
 
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
-
-/// `n` threads of `pairs` alloc-and-free pairs each: M pairs a second.
+/// `n` threads of `pairs` alloc-and-free pairs each, the benchmark's own
+/// thread body: M pairs a second.
 fn threads(pool: &Pool<HostBackend>, n: usize, pairs: usize) -> f64 {
     let t0 = Instant::now();
     std::thread::scope(|sc| {
         for t in 0..n {
             sc.spawn(move || {
-                let s = HostStream::new();
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
-                let mut live = Vec::with_capacity(64);
-                for _ in 0..pairs {
-                    let sz = 256 + (xorshift(&mut rng) % (64 << 10)) as usize;
-                    live.push(pool.alloc(sz, &s).expect("alloc"));
-                    if live.len() >= 64 {
-                        let i = (xorshift(&mut rng) as usize) % live.len();
-                        pool.free(live.swap_remove(i), &s).expect("free");
-                    }
-                }
-                for p in live {
-                    pool.free(p, &s).expect("free");
-                }
+                let (done, failed) = thread_pairs(pool, &HostStream::new(), t, pairs);
+                assert_eq!((done, failed), (pairs as u64, 0), "thread {t}");
             });
         }
     });

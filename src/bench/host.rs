@@ -442,7 +442,8 @@ fn clock_floor() -> f64 {
     pct(&mut t, 0.5)
 }
 
-fn xorshift(x: &mut u64) -> u64 {
+/// The benchmark's random numbers (xorshift64).
+pub fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
     *x ^= *x << 17;
@@ -501,6 +502,40 @@ fn new_streams(gpu: &Gpu, n: usize) -> Result<Vec<Arc<CudaStream>>> {
 
 /// `threads` host threads, each with its own stream, alloc/free pairs of
 /// 256 B..64 KiB with up to 64 live per thread.
+/// One thread of the threads case on its own stream: `pairs` allocations
+/// of 256 B..64 KiB (drawn from `thread`'s seed), each followed, once 64
+/// blocks are live, by the free of a random live one; then the rest
+/// freed. Returns (pairs completed at their free, failed calls).
+pub fn thread_pairs<R: Resource + ?Sized>(
+    a: &R,
+    s: &R::Stream,
+    thread: usize,
+    pairs: usize,
+) -> (u64, u64) {
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ thread as u64;
+    let mut live: Vec<u64> = Vec::with_capacity(64);
+    // A pair completes at its free.
+    let (mut completed, mut failures) = (0u64, 0u64);
+    let mut free = |p| match a.deallocate(p, s) {
+        Ok(()) => completed += 1,
+        Err(_) => failures += 1,
+    };
+    let mut failed_allocs = 0;
+    for _ in 0..pairs {
+        let sz = 256 + (xorshift(&mut rng) % (64 << 10)) as usize;
+        match a.allocate(sz, s) {
+            Ok(p) => live.push(p),
+            Err(_) => failed_allocs += 1,
+        }
+        if live.len() >= 64 {
+            let i = (xorshift(&mut rng) as usize) % live.len();
+            free(live.swap_remove(i));
+        }
+    }
+    live.into_iter().for_each(&mut free);
+    (completed, failures + failed_allocs)
+}
+
 fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Throughput> {
     let streams = new_streams(gpu, threads)?;
     let barrier = Barrier::new(threads + 1);
@@ -514,32 +549,9 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
             sc.spawn(move || {
                 // A thread without the context fails its calls, and they are counted.
                 let _ = ctx.bind_to_thread();
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
-                let mut live: Vec<u64> = Vec::with_capacity(64);
-                // A pair completes at its free.
-                let (mut completed, mut failures) = (0u64, 0u64);
                 barrier.wait();
                 let (began, before) = (Instant::now(), ThreadUsage::now());
-                for _ in 0..pairs {
-                    let sz = 256 + (xorshift(&mut rng) % (64 << 10)) as usize;
-                    match a.allocate(sz, s) {
-                        Ok(p) => live.push(p),
-                        Err(_) => failures += 1,
-                    }
-                    if live.len() >= 64 {
-                        let i = (xorshift(&mut rng) as usize) % live.len();
-                        match a.deallocate(live.swap_remove(i), s) {
-                            Ok(()) => completed += 1,
-                            Err(_) => failures += 1,
-                        }
-                    }
-                }
-                for p in live {
-                    match a.deallocate(p, s) {
-                        Ok(()) => completed += 1,
-                        Err(_) => failures += 1,
-                    }
-                }
+                let (completed, failures) = thread_pairs(a, s, t, pairs);
                 let after = ThreadUsage::now();
                 let mut u = usage.lock().unwrap_or_else(|p| p.into_inner());
                 u.0 += after.cpu_s - before.cpu_s;
@@ -556,7 +568,7 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
                     .map_err(|e| Error::InvalidArgument(format!("CUHEAP_BENCH_PROFILE: {e}")))
                     .and_then(|()| super::sampler::Sampler::start(997));
                 match started {
-                    Ok(s) => Some(s),
+                    Ok(s) => Some((s, dir)),
                     Err(e) => {
                         eprintln!("cuheap bench host: not sampled: {e}");
                         None
@@ -570,7 +582,7 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
     });
     let (start, sampler) = start;
     let secs = start.elapsed().as_secs_f64();
-    if let (Some(s), Some(dir)) = (sampler, std::env::var_os("CUHEAP_BENCH_PROFILE")) {
+    if let Some((s, dir)) = sampler {
         let name: String = a
             .name()
             .chars()
