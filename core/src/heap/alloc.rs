@@ -224,7 +224,7 @@ impl<W: Word> Heap<'_, W> {
                 continue;
             }
             let page = cur - 1;
-            let d = &self.descs[page as usize];
+            let d = &self.descs()[page as usize];
             let before = d.take(want);
             let got = if before.live && before.free > 0 {
                 (before.free as u32).min(want)
@@ -381,7 +381,7 @@ impl<W: Word> Heap<'_, W> {
     #[inline(always)]
     fn pop_listed(&self, class: u32, slot: u32) -> Option<u32> {
         let p = self.list(class, slot).pop(self.next_of())?;
-        self.descs[p as usize]
+        self.descs()[p as usize]
             .state
             .store(STATE_ATTACHED, Ordering::Relaxed);
         Some(p)
@@ -454,8 +454,8 @@ impl<W: Word> Heap<'_, W> {
     /// After a search of the whole heap claimed page `p`: a page below the
     /// floor sends later searches to the whole heap.
     pub(super) fn note_claimed(&self, p: u32) {
-        if p < self.counters.grow_floor.load(Ordering::Relaxed) as u32 {
-            self.counters.grow_floor.store(0, Ordering::Relaxed);
+        if p < self.counters().grow_floor.load(Ordering::Relaxed) as u32 {
+            self.counters().grow_floor.store(0, Ordering::Relaxed);
         }
     }
 
@@ -472,7 +472,7 @@ impl<W: Word> Heap<'_, W> {
         if !self.may_grow() {
             return 0;
         }
-        let floor = self.counters.grow_floor.load(Ordering::Relaxed);
+        let floor = self.counters().grow_floor.load(Ordering::Relaxed);
         if floor < limit as u64 {
             floor as u32
         } else {
@@ -544,7 +544,7 @@ impl<W: Word> Heap<'_, W> {
         // Pages past the limit were never handed out (or were given back
         // before the limit was lowered): a growable heap's metadata covers
         // its whole reservation, mostly unmapped.
-        let pages = &self.descs[..self.limit() as usize];
+        let pages = &self.descs()[..self.limit() as usize];
         let mut seen = Scan::Nothing;
         for (p, d) in pages.iter().enumerate() {
             let p = p as u32;
@@ -586,7 +586,7 @@ impl<W: Word> Heap<'_, W> {
     #[cold]
     #[inline(never)]
     pub(super) fn count_failure(&self, e: AllocError, size: usize) -> AllocError {
-        let c = self.counters;
+        let c = self.counters();
         let cause = match e {
             AllocError::ZeroSize => &c.zero_size,
             AllocError::TooLarge => &c.too_large,

@@ -20,7 +20,7 @@ impl<W: Word> Heap<'_, W> {
         }
         let mut p = 0u32;
         while p < self.page_count {
-            let d = &self.descs[p as usize];
+            let d = &self.descs()[p as usize];
             match d.kind() {
                 Kind::Free => {
                     // Pages past the limit may be fenced (see `Heap::fence`).
@@ -79,7 +79,7 @@ impl<W: Word> Heap<'_, W> {
                     let units = self.geometry().page_units(c);
                     for k in 1..units {
                         let q = p + k;
-                        let t = &self.descs[q as usize];
+                        let t = &self.descs()[q as usize];
                         if q >= self.page_count
                             || !map.is_set(q)
                             || t.kind() != Kind::ClassTail
@@ -100,7 +100,7 @@ impl<W: Word> Heap<'_, W> {
                         if !map.is_set(q) {
                             return Err("span page free in the page map");
                         }
-                        if q > p && self.descs[q as usize].kind() != Kind::SpanTail {
+                        if q > p && self.descs()[q as usize].kind() != Kind::SpanTail {
                             return Err("span tail page not marked");
                         }
                     }
@@ -114,12 +114,12 @@ impl<W: Word> Heap<'_, W> {
         }
         // Every listed page is on one list of its class, once.
         let mut listed = 0u64;
-        for (i, head) in self.lists.iter().enumerate() {
+        for (i, head) in self.lists().iter().enumerate() {
             let class = (i % CLASS_COUNT) as u32;
             let mut at = (head.load(Ordering::Relaxed) & 0xFFFF_FFFF) as u32;
             let mut steps = 0;
             while at != 0 {
-                let d = &self.descs[at as usize - 1];
+                let d = &self.descs()[at as usize - 1];
                 if d.kind() != Kind::Class(class) || d.state.load(Ordering::Relaxed) != STATE_LISTED
                 {
                     return Err("list holds a page that is not a listed page of its class");
@@ -133,7 +133,7 @@ impl<W: Word> Heap<'_, W> {
             }
         }
         let states = self
-            .descs
+            .descs()
             .iter()
             .filter(|d| {
                 matches!(d.kind(), Kind::Class(_))

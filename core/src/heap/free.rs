@@ -71,11 +71,11 @@ impl<W: Word> Heap<'_, W> {
         }
         // Relaxed: a caller asking about a block it owns already synchronised
         // with the allocation that published the page's kind.
-        let kind_of = |p: u32| decode_kind(self.descs[p as usize].kind.load(Ordering::Relaxed));
+        let kind_of = |p: u32| decode_kind(self.descs()[p as usize].kind.load(Ordering::Relaxed));
         let mut page = (off >> PAGE_SHIFT) as u32;
         let mut kind = kind_of(page);
         if kind == Kind::ClassTail {
-            page -= self.descs[page as usize]
+            page -= self.descs()[page as usize]
                 .span
                 .load(Ordering::Relaxed)
                 .min(page);
@@ -99,7 +99,7 @@ impl<W: Word> Heap<'_, W> {
                 })
             }
             Kind::SpanHead if in_page == 0 => {
-                let pages = self.descs[page as usize].span.load(Ordering::Relaxed) as usize;
+                let pages = self.descs()[page as usize].span.load(Ordering::Relaxed) as usize;
                 Ok(BlockInfo {
                     page,
                     class: None,
@@ -147,13 +147,13 @@ impl<W: Word> Heap<'_, W> {
     /// Counts `n` frees of class blocks that were already free.
     #[cold]
     pub fn count_double_frees(&self, n: u32) {
-        Counters::bump(&self.counters.bad_frees, n as u64);
-        Counters::bump(&self.counters.double_frees, n as u64);
+        Counters::bump(&self.counters().bad_frees, n as u64);
+        Counters::bump(&self.counters().double_frees, n as u64);
     }
 
     #[cold]
     pub(super) fn bad_free(&self, e: FreeError) -> FreeError {
-        Counters::bump(&self.counters.bad_frees, 1);
+        Counters::bump(&self.counters().bad_frees, 1);
         e
     }
 }

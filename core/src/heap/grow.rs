@@ -63,7 +63,7 @@ impl<W: Word> Heap<'_, W> {
     /// its page count and below the cap a refusal set.
     #[inline(always)]
     pub fn may_grow(&self) -> bool {
-        let c = self.counters;
+        let c = self.counters();
         if c.grow_bell.load(Ordering::Relaxed) == 0 {
             return false;
         }
@@ -78,7 +78,7 @@ impl<W: Word> Heap<'_, W> {
     /// host has not answered yet.
     #[inline(always)]
     pub(super) fn growth_pending(&self) -> bool {
-        self.may_grow() && self.counters.grow_want.load(Ordering::Relaxed) > self.limit() as u64
+        self.may_grow() && self.counters().grow_want.load(Ordering::Relaxed) > self.limit() as u64
     }
 
     /// Allocates `size` bytes at a multiple of `align` as
@@ -98,7 +98,7 @@ impl<W: Word> Heap<'_, W> {
     ) -> Result<*mut u8, AllocError> {
         loop {
             let seen = self.limit();
-            let refusals = self.counters.grow_refusals.load(Ordering::Acquire);
+            let refusals = self.counters().grow_refusals.load(Ordering::Acquire);
             let grew = self.may_grow();
             match self.try_alloc_aligned(size, align, slot) {
                 Ok(p) => return Ok(p),
@@ -141,14 +141,14 @@ impl<W: Word> Heap<'_, W> {
     #[inline(never)]
     pub fn await_growth<G: GrowHost>(&self, pages: u32, deferred: bool, host: &G) -> bool {
         let seen = self.limit();
-        let refusals = self.counters.grow_refusals.load(Ordering::Acquire);
+        let refusals = self.counters().grow_refusals.load(Ordering::Acquire);
         if !self.may_grow() {
             // Growth was refused or stopped since a search that left
             // pages to it (`deferred`: [`Heap::reserve`] said
             // [`AllocError::Growing`]): one more search, in full.
             return deferred;
         }
-        if self.counters.grow_want.load(Ordering::Acquire) <= seen as u64 {
+        if self.counters().grow_want.load(Ordering::Acquire) <= seen as u64 {
             return true; // answered since the search failed
         }
         self.wait_for_growth(seen, refusals, pages, host) || !self.may_grow()
@@ -157,7 +157,7 @@ impl<W: Word> Heap<'_, W> {
     /// Asks for `seen + pages` pages and waits until the limit passes
     /// `seen` (true) or the host refuses, stops or times out (false).
     fn wait_for_growth<G: GrowHost>(&self, seen: u32, refusals: u64, pages: u32, host: &G) -> bool {
-        let c = self.counters;
+        let c = self.counters();
         let bell = c.grow_bell.load(Ordering::Acquire);
         if bell == 0 {
             return false;
@@ -197,14 +197,14 @@ impl<W: Word> Heap<'_, W> {
     #[cold]
     pub(super) fn ask_for(&self, limit: u32, pages: u32) -> bool {
         let want = limit as u64 + pages as u64;
-        self.counters.grow_want.fetch_max(want, Ordering::AcqRel) < want
+        self.counters().grow_want.fetch_max(want, Ordering::AcqRel) < want
     }
 
     /// Rings the doorbell if the ask is above the largest one rung and
     /// this thread is the one that raised `grow_rung` to it.
     #[inline(always)]
     fn ring_if_new<G: GrowHost>(&self, bell: u64, host: &G) {
-        let c = self.counters;
+        let c = self.counters();
         let want = c.grow_want.load(Ordering::Acquire);
         if c.grow_rung.load(Ordering::Relaxed) < want
             && c.grow_rung.fetch_max(want, Ordering::AcqRel) < want

@@ -26,20 +26,20 @@ pub(super) const fn list_threshold(cap: u32) -> u32 {
 impl<W: Word> Heap<'_, W> {
     pub(super) fn activate(&self, page: u32, class: u32) {
         for k in 1..self.geometry().page_units(class) {
-            let tail = &self.descs[(page + k) as usize];
+            let tail = &self.descs()[(page + k) as usize];
             tail.span.store(k, Ordering::Relaxed);
             tail.kind.store(KIND_CLASS_TAIL, Ordering::Release);
         }
         let cap = self.geometry().blocks_per_page(class);
         self.bitmap(page).fill(cap);
-        self.counters
+        self.counters()
             .take_units(self.geometry().page_units(class) as u64);
-        self.descs[page as usize].activate(class, cap);
-        Counters::bump(&self.counters.pages_activated, 1);
+        self.descs()[page as usize].activate(class, cap);
+        Counters::bump(&self.counters().pages_activated, 1);
     }
 
     pub(super) fn list_page(&self, page: u32, class: u32, slot: u32) {
-        self.descs[page as usize]
+        self.descs()[page as usize]
             .state
             .store(STATE_LISTED, Ordering::Relaxed);
         self.list(class, slot).push(page, self.next_of());
@@ -60,7 +60,7 @@ impl<W: Word> Heap<'_, W> {
 
     #[inline(always)]
     fn settle_here(&self, page: u32, a: Avail, slot: u32) {
-        let d = &self.descs[page as usize];
+        let d = &self.descs()[page as usize];
         let Kind::Class(class) = d.kind() else { return };
         let cap = self.geometry().blocks_per_page(class);
         if a.free >= cap as i64 && d.try_retire(cap, true) {
@@ -74,19 +74,19 @@ impl<W: Word> Heap<'_, W> {
     pub(super) fn release_page(&self, page: u32, class: u32) {
         let units = self.geometry().page_units(class);
         for p in page..page + units {
-            let d = &self.descs[p as usize];
+            let d = &self.descs()[p as usize];
             d.state.store(STATE_NONE, Ordering::Relaxed);
             d.kind.store(KIND_FREE, Ordering::Release);
         }
-        Counters::bump(&self.counters.pages_retired, 1);
-        self.counters.give_units(units as u64);
+        Counters::bump(&self.counters().pages_retired, 1);
+        self.counters().give_units(units as u64);
         self.map().release_run(page, units);
     }
 
     /// Returns `n` blocks of a class page to its `avail`, then settles it.
     #[inline(always)]
     pub(super) fn return_blocks(&self, page: u32, n: u32, slot: u32) {
-        let a = self.descs[page as usize].add(n);
+        let a = self.descs()[page as usize].add(n);
         if a.floating {
             self.settle(page, a, slot);
         }
@@ -105,7 +105,7 @@ impl<W: Word> Heap<'_, W> {
     pub(super) fn scavenge_slots(&self, from: u32, count: u32) -> u32 {
         let mut retired = 0;
         for slot in self.slots_from(from, count) {
-            let empty = per_class(self.slot_row(self.lists, slot), |h| {
+            let empty = per_class(self.slot_row(self.lists(), slot), |h| {
                 PageList::new(h).is_empty()
             });
             for class in 0..CLASS_COUNT as u32 {
@@ -116,7 +116,7 @@ impl<W: Word> Heap<'_, W> {
                 let cap = self.geometry().blocks_per_page(class);
                 let mut kept = 0u32; // private chain through `next`, page + 1
                 while let Some(p) = list.pop(self.next_of()) {
-                    let d = &self.descs[p as usize];
+                    let d = &self.descs()[p as usize];
                     if d.try_retire(cap, false) {
                         self.release_page(p, class);
                         retired += 1;
@@ -127,7 +127,7 @@ impl<W: Word> Heap<'_, W> {
                 }
                 while kept != 0 {
                     let p = kept - 1;
-                    kept = self.descs[p as usize].next.load(Ordering::Relaxed);
+                    kept = self.descs()[p as usize].next.load(Ordering::Relaxed);
                     list.push(p, self.next_of());
                 }
             }
@@ -155,9 +155,9 @@ impl<W: Word> Heap<'_, W> {
     /// its blocks from the floating page, or gives them back if the page
     /// was retired or serves another class by then.
     fn scavenge_current(&self, from: u32, count: u32) -> u32 {
-        let before = self.counters.pages_retired.load(Ordering::Relaxed);
+        let before = self.counters().pages_retired.load(Ordering::Relaxed);
         for slot in self.slots_from(from, count) {
-            let held = per_class(self.slot_row(self.cache, slot), |c| {
+            let held = per_class(self.slot_row(self.cache(), slot), |c| {
                 c.load(Ordering::Relaxed) != 0
             });
             for class in 0..CLASS_COUNT as u32 {
@@ -170,7 +170,7 @@ impl<W: Word> Heap<'_, W> {
                     continue;
                 }
                 let page = cur - 1;
-                let d = &self.descs[page as usize];
+                let d = &self.descs()[page as usize];
                 let a = d.now();
                 let empty = a.live
                     && !a.floating
@@ -185,7 +185,7 @@ impl<W: Word> Heap<'_, W> {
                 }
             }
         }
-        (self.counters.pages_retired.load(Ordering::Relaxed) - before) as u32
+        (self.counters().pages_retired.load(Ordering::Relaxed) - before) as u32
     }
 }
 

@@ -42,6 +42,8 @@ pub use free::{BlockInfo, FreeOutcome, Located};
 pub use grow::{GrowHost, GROW_TIMEOUT_NS};
 pub use realloc::{copy_block, Resize};
 
+use core::marker::PhantomData;
+
 use crate::bitmap::Bitmap;
 use crate::layout::Layout;
 use crate::page::PageDesc;
@@ -156,21 +158,27 @@ impl Placement {
     pub(crate) const INDEXED: u64 = 1 << 63;
 }
 
-/// A heap over a metadata region and a data region.
+/// A heap over a metadata region and a data region: the handle's words
+/// and where each array of the metadata starts ([`Layout`], in 128-byte
+/// units, which every offset is a multiple of). On the GPU a view that a
+/// kernel passes by reference to a function out of line is written to
+/// local memory by every thread at the kernel's start: six words, where a
+/// view of the arrays' slices was thirteen.
 pub struct Heap<'a, W: Word = u32> {
+    meta: usize,
     data: usize,
     page_count: u32,
     slots: u32,
-    counters: &'a Counters,
-    lists: &'a [AtomicU64],
-    cache: &'a [AtomicU32],
-    descs: &'a [PageDesc],
-    /// The page map's words, then its summary (see [`PageMap`]): one
-    /// slice, as the heap's struct is copied to local memory on the GPU by
-    /// every thread that calls out of line, and each field costs there.
-    page_map: &'a [AtomicU32],
-    bitmaps: &'a [W::Atomic],
+    lists_at: u32,
+    cache_at: u32,
+    descs_at: u32,
+    page_map_at: u32,
+    bitmaps_at: u32,
+    _arrays: PhantomData<(&'a Counters, W)>,
 }
+
+/// Bytes per unit of the offsets a [`Heap`] keeps: the layout's alignment.
+const OFFSET_UNIT: u32 = 7;
 
 /// Bitmap words of one page for word type `W`.
 #[inline(always)]
@@ -193,42 +201,59 @@ impl<'a, W: Word> Heap<'a, W> {
     #[inline(always)]
     pub unsafe fn from_handle(h: &HeapHandle) -> Heap<'a, W> {
         let l = Layout::new(h.page_count, h.slots);
-        let m = h.meta as usize as *const u8;
-        let n = h.page_count as usize;
-        // SAFETY: the caller guarantees the region is `meta_bytes` long,
-        // aligned and zero-initialised; the layout places each array inside
-        // it at a 128-byte boundary; zero is a valid value of every atomic.
-        unsafe {
-            Heap {
-                data: h.data as usize,
-                page_count: h.page_count,
-                slots: h.slots,
-                counters: &*(m.add(l.counters) as *const Counters),
-                lists: core::slice::from_raw_parts(
-                    m.add(l.lists) as *const AtomicU64,
-                    h.slots as usize * CLASS_COUNT,
-                ),
-                cache: core::slice::from_raw_parts(
-                    m.add(l.cache) as *const AtomicU32,
-                    h.slots as usize * CLASS_COUNT,
-                ),
-                descs: core::slice::from_raw_parts(m.add(l.descs) as *const PageDesc, n),
-                page_map: core::slice::from_raw_parts(
-                    m.add(l.page_map) as *const AtomicU32,
-                    PageMap::words(h.page_count) + PageMap::summary_words(h.page_count),
-                ),
-                bitmaps: core::slice::from_raw_parts(
-                    m.add(l.bitmaps) as *const W::Atomic,
-                    n * words_per_page::<W>(),
-                ),
-            }
+        let unit = |offset: usize| (offset >> OFFSET_UNIT) as u32;
+        Heap {
+            meta: h.meta as usize,
+            data: h.data as usize,
+            page_count: h.page_count,
+            slots: h.slots,
+            lists_at: unit(l.lists),
+            cache_at: unit(l.cache),
+            descs_at: unit(l.descs),
+            page_map_at: unit(l.page_map),
+            bitmaps_at: unit(l.bitmaps),
+            _arrays: PhantomData,
         }
+    }
+
+    /// `len` items of `T` at `at` 128-byte units into the metadata.
+    #[inline(always)]
+    fn array<T>(&self, at: u32, len: usize) -> &'a [T] {
+        let start = self.meta + ((at as usize) << OFFSET_UNIT);
+        // SAFETY: `from_handle`'s caller vouched for a zeroed metadata
+        // region of `Layout::meta_bytes` bytes, 128-byte aligned, used
+        // only through heap views for `'a`; the layout places each array
+        // (of atomics, for which zero is valid) inside it, aligned.
+        unsafe { core::slice::from_raw_parts(start as *const T, len) }
+    }
+
+    #[inline(always)]
+    fn lists(&self) -> &'a [AtomicU64] {
+        self.array(self.lists_at, self.slots as usize * CLASS_COUNT)
+    }
+
+    #[inline(always)]
+    fn cache(&self) -> &'a [AtomicU32] {
+        self.array(self.cache_at, self.slots as usize * CLASS_COUNT)
+    }
+
+    /// The page map's words, then its summary (see [`PageMap`]).
+    #[inline(always)]
+    fn page_map(&self) -> &'a [AtomicU32] {
+        let n = PageMap::words(self.page_count) + PageMap::summary_words(self.page_count);
+        self.array(self.page_map_at, n)
+    }
+
+    #[inline(always)]
+    fn bitmaps(&self) -> &'a [W::Atomic] {
+        let n = self.page_count as usize * words_per_page::<W>();
+        self.array(self.bitmaps_at, n)
     }
 
     /// The page map and its summary.
     #[inline(always)]
     fn map(&self) -> PageMap<'_> {
-        let (words, summary) = self.page_map.split_at(PageMap::words(self.page_count));
+        let (words, summary) = self.page_map().split_at(PageMap::words(self.page_count));
         let map = PageMap::new(words, summary);
         // Only heaps that place spans by best fit keep the `used` summary
         // (see `without_used`); their searches, first fit included, read it.
@@ -248,7 +273,8 @@ impl<'a, W: Word> Heap<'a, W> {
     #[cfg(not(target_arch = "nvptx64"))]
     fn run_index(&self) -> RunIndex<'_> {
         // The metadata ends with the bitmaps, at a 128-byte boundary.
-        let end = self.bitmaps.as_ptr() as usize + core::mem::size_of_val(self.bitmaps);
+        let bitmaps = self.bitmaps();
+        let end = bitmaps.as_ptr() as usize + core::mem::size_of_val(bitmaps);
         let at = end.next_multiple_of(128) as *const AtomicU32;
         // SAFETY: `index_runs` set `INDEXED` only on a heap whose metadata
         // goes on for `Layout::run_index_bytes` past its end, which its
@@ -272,7 +298,7 @@ impl<'a, W: Word> Heap<'a, W> {
     #[cfg(not(target_arch = "nvptx64"))]
     pub unsafe fn index_runs(&self) {
         let bits = self.placement() | Placement::INDEXED;
-        self.counters.placement.store(bits, Ordering::Relaxed);
+        self.counters().placement.store(bits, Ordering::Relaxed);
         self.map().rebuild_runs(self.page_count);
     }
 
@@ -300,7 +326,7 @@ impl<'a, W: Word> Heap<'a, W> {
         const { assert!(Layout::new(1, 1).counters == 0) };
         HeapHandle {
             // The counters open the metadata (see `Layout`).
-            meta: self.counters as *const Counters as usize as u64,
+            meta: self.meta as u64,
             data: self.data as u64,
             page_count: self.page_count,
             slots: self.slots,
@@ -314,7 +340,7 @@ impl<'a, W: Word> Heap<'a, W> {
     /// Pages new pages and spans may come from: `0..limit()`.
     #[inline(always)]
     pub fn limit(&self) -> u32 {
-        let l = self.counters.page_limit.load(Ordering::Relaxed);
+        let l = self.counters().page_limit.load(Ordering::Relaxed);
         if l == 0 || l > self.page_count as u64 {
             self.page_count
         } else {
@@ -329,7 +355,7 @@ impl<'a, W: Word> Heap<'a, W> {
     /// in use above the limit stay valid (the last-resort search for free
     /// blocks looks only below the limit).
     pub fn set_limit(&self, pages: u32) {
-        self.counters
+        self.counters()
             .page_limit
             .store(pages.min(self.page_count).max(1) as u64, Ordering::Release);
     }
@@ -371,20 +397,20 @@ impl<'a, W: Word> Heap<'a, W> {
     pub fn set_placement(&self, bits: u64) {
         let keep = self.placement() & Placement::INDEXED;
         let bits = bits & !Placement::INDEXED | keep;
-        self.counters.placement.store(bits, Ordering::Relaxed);
+        self.counters().placement.store(bits, Ordering::Relaxed);
         self.map().rebuild_used();
     }
 
     #[inline(always)]
     fn placement(&self) -> u64 {
-        self.counters.placement.load(Ordering::Relaxed)
+        self.counters().placement.load(Ordering::Relaxed)
     }
 
     /// The length of this heap's class pages ([`Placement::SMALL_CLASS_PAGES`]).
     /// On the GPU always [`Geometry::STANDARD`], a constant.
     #[inline(always)]
     pub fn geometry(&self) -> Geometry {
-        Counters::geometry(self.counters)
+        Counters::geometry(self.counters())
     }
 
     /// Free pages right below the page limit (a snapshot): a request that
@@ -399,12 +425,17 @@ impl<'a, W: Word> Heap<'a, W> {
         (from..to.min(self.page_count)).any(|p| map.is_set(p))
     }
 
-    pub fn counters(&self) -> &Counters {
-        self.counters
+    /// The counters, which open the metadata (see [`Layout`]).
+    #[inline(always)]
+    pub fn counters(&self) -> &'a Counters {
+        const { assert!(Layout::new(1, 1).counters == 0) };
+        // SAFETY: as in `Heap::array`: the counters are the metadata's
+        // first bytes.
+        unsafe { &*(self.meta as *const Counters) }
     }
 
-    pub fn descs(&self) -> &[PageDesc] {
-        self.descs
+    pub fn descs(&self) -> &'a [PageDesc] {
+        self.array(self.descs_at, self.page_count as usize)
     }
 
     /// Statistics from a scan of every page's descriptor (see
@@ -414,7 +445,7 @@ impl<'a, W: Word> Heap<'a, W> {
     ///
     /// O(pages).
     pub fn stats(&self) -> Stats {
-        Stats::collect(self.descs, self.counters)
+        Stats::collect(self.descs(), self.counters())
     }
 
     /// The heap's counts, from its counters and the slots' tallies.
@@ -423,7 +454,7 @@ impl<'a, W: Word> Heap<'a, W> {
     ///
     /// O(slots).
     pub fn counts(&self) -> Counts {
-        Counts::collect(self.counters, self.tallies())
+        Counts::collect(self.counters(), self.tallies())
     }
 
     /// `slot`'s index among the slots: itself when in range (a GPU's SM
@@ -442,7 +473,7 @@ impl<'a, W: Word> Heap<'a, W> {
     pub(super) fn tallies(&self) -> Tallies<'a> {
         // Through the address, as `from_handle` reaches every array: a
         // pointer from the counters' reference covers the counters only.
-        let at = self.counters as *const Counters as usize + Layout::TALLIES;
+        let at = self.meta + Layout::TALLIES;
         // SAFETY: the layout puts `Tallies::words(slots)` words at
         // `Layout::TALLIES` past the counters, inside the metadata that
         // `from_handle`'s caller vouched for; zero is a valid atomic.
@@ -456,18 +487,18 @@ impl<'a, W: Word> Heap<'a, W> {
     pub(super) fn bitmap(&self, page: u32) -> Bitmap<'a, W> {
         let w = words_per_page::<W>();
         let at = page as usize * w;
-        Bitmap::new(&self.bitmaps[at..at + w])
+        Bitmap::new(&self.bitmaps()[at..at + w])
     }
 
     /// Slot `slot`'s list of partly free pages of `class`.
     #[inline(always)]
     pub(super) fn list(&self, class: u32, slot: u32) -> PageList<'a> {
-        PageList::new(&self.lists[(slot % self.slots) as usize * CLASS_COUNT + class as usize])
+        PageList::new(&self.lists()[(slot % self.slots) as usize * CLASS_COUNT + class as usize])
     }
 
     #[inline(always)]
     pub(super) fn next_of(&self) -> impl Fn(u32) -> &'a AtomicU32 + 'a {
-        let descs = self.descs;
+        let descs = self.descs();
         move |p| &descs[p as usize].next
     }
 
@@ -484,14 +515,14 @@ impl<'a, W: Word> Heap<'a, W> {
 
     #[inline(always)]
     pub(super) fn slot_cache(&self, class: u32, slot: u32) -> &'a AtomicU32 {
-        &self.cache[(slot % self.slots) as usize * CLASS_COUNT + class as usize]
+        &self.cache()[(slot % self.slots) as usize * CLASS_COUNT + class as usize]
     }
 
     /// Page `page`'s owner word ([`PageDesc::owner`]), which the heap never
     /// touches; `None` past the heap's pages.
     #[inline(always)]
     pub fn owner_word(&self, page: u32) -> Option<&'a AtomicU32> {
-        self.descs.get(page as usize).map(|d| &d.owner)
+        self.descs().get(page as usize).map(|d| &d.owner)
     }
 
     /// Address of block `index` of `page` in `class`.

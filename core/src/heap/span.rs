@@ -58,20 +58,20 @@ impl<W: Word> Heap<'_, W> {
             return Err(AllocError::OutOfMemory);
         };
         for p in start + 1..start + pages as u32 {
-            self.descs[p as usize]
+            self.descs()[p as usize]
                 .kind
                 .store(KIND_SPAN_TAIL, Ordering::Relaxed);
         }
         self.count_span_pages(pages as u32, 0);
-        let head = &self.descs[start as usize];
+        let head = &self.descs()[start as usize];
         head.span.store(pages as u32, Ordering::Relaxed);
         head.kind.store(KIND_SPAN_HEAD, Ordering::Release);
-        Counters::bump(&self.counters.spans_allocated, 1);
+        Counters::bump(&self.counters().spans_allocated, 1);
         Ok((self.data + start as usize * PAGE_SIZE) as *mut u8)
     }
 
     pub(super) fn free_span(&self, page: u32) -> Result<FreeOutcome, FreeError> {
-        let head = &self.descs[page as usize];
+        let head = &self.descs()[page as usize];
         // One winner among racing double frees.
         if head
             .kind
@@ -87,13 +87,13 @@ impl<W: Word> Heap<'_, W> {
         }
         let n = head.span.load(Ordering::Relaxed);
         for p in page..page + n {
-            self.descs[p as usize]
+            self.descs()[p as usize]
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
         self.count_span_pages(0, n);
         self.map().release_run(page, n);
-        Counters::bump(&self.counters.spans_freed, 1);
+        Counters::bump(&self.counters().spans_freed, 1);
         Ok(FreeOutcome {
             freed: 1,
             already_free: 0,
@@ -108,11 +108,11 @@ impl<W: Word> Heap<'_, W> {
     ///
     /// O(have - want).
     pub(super) fn shrink_span(&self, page: u32, have: u32, want: u32) {
-        self.descs[page as usize]
+        self.descs()[page as usize]
             .span
             .store(want, Ordering::Release);
         for p in page + want..page + have {
-            self.descs[p as usize]
+            self.descs()[p as usize]
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
@@ -123,7 +123,7 @@ impl<W: Word> Heap<'_, W> {
     /// Counts span pages taken (before they are published) and given back
     /// (before they return to the page map), in the footprint too.
     fn count_span_pages(&self, taken: u32, given: u32) {
-        let c = self.counters;
+        let c = self.counters();
         if taken > 0 {
             c.take_units(taken as u64);
             c.span_pages.fetch_add(taken as u64, Ordering::Relaxed);
@@ -150,11 +150,11 @@ impl<W: Word> Heap<'_, W> {
         }
         self.count_span_pages(want - have, 0);
         for p in page + have..page + want {
-            self.descs[p as usize]
+            self.descs()[p as usize]
                 .kind
                 .store(KIND_SPAN_TAIL, Ordering::Relaxed);
         }
-        self.descs[page as usize]
+        self.descs()[page as usize]
             .span
             .store(want, Ordering::Release);
         true
