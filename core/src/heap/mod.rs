@@ -177,8 +177,13 @@ pub struct Heap<'a, W: Word = u32> {
     _arrays: PhantomData<(&'a Counters, W)>,
 }
 
-/// Bytes per unit of the offsets a [`Heap`] keeps: the layout's alignment.
+/// log2 of the bytes per unit of the offsets a [`Heap`] keeps: the
+/// layout's alignment (128 bytes).
 const OFFSET_UNIT: u32 = 7;
+
+// Every array's offset fits in a `u32` of those units, whatever the page
+// count: the last array starts after about 32 bytes per page.
+const _: () = assert!(Layout::new(u32::MAX, 4096).bitmaps >> OFFSET_UNIT <= u32::MAX as usize);
 
 /// Bitmap words of one page for word type `W`.
 #[inline(always)]
