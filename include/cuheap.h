@@ -26,7 +26,7 @@ extern "C" {
 /* Return codes: cuheap_init and cuheap_get_stats on the device, and
  * every host function below. */
 #define CUHEAP_OK 0
-/* Device: a null or misaligned pointer, too little memory, or no slot;
+/* Device: a null or misaligned pointer, too little memory, no slot or more than 65,536;
  * or, for cuheap_get_stats, no heap or a null out pointer. Host: a NULL
  * handle or out pointer, size 0, a pointer that is not a live block of
  * the pool (double or foreign free), a fixed heap asked to grow, a

@@ -40,8 +40,13 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The most slots a heap may have: every array of the metadata then
+    /// starts within 2^32 of its 128-byte units, whatever the page count
+    /// (a heap's view keeps those offsets in `u32`s).
+    pub const MAX_SLOTS: u32 = 1 << 16;
+
     /// Where the tallies start: a constant, so a heap's view finds them
-    /// from its counters' address.
+    /// from the metadata's start.
     pub const TALLIES: usize = up(core::mem::size_of::<Counters>());
 
     /// The layout for `page_count` pages and `slots` slots (both >= 1).

@@ -24,10 +24,10 @@ unsafe impl<W: Word> Send for OwnedHeap<W> {}
 unsafe impl<W: Word> Sync for OwnedHeap<W> {}
 
 impl<W: Word> OwnedHeap<W> {
-    /// A zeroed heap; `None` if the host cannot provide the memory or the
-    /// shape is empty.
+    /// A zeroed heap; `None` if the host cannot provide the memory, the
+    /// shape is empty or it has more than [`Layout::MAX_SLOTS`] slots.
     pub fn new(page_count: u32, slots: u32) -> Option<Self> {
-        if page_count == 0 || slots == 0 {
+        if page_count == 0 || slots == 0 || slots > Layout::MAX_SLOTS {
             return None;
         }
         let l = Layout::new(page_count, slots);

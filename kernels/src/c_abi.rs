@@ -164,8 +164,8 @@ pub unsafe extern "C" fn cuheap_realloc(ptr: *mut u8, size: usize) -> *mut u8 {
 /// Bytes of zeroed metadata that a heap of `data_bytes` of block memory
 /// (whole 64 KiB pages; the rest is not used) and `slots` current-page
 /// slots needs: `unsigned long long cuheap_meta_bytes(unsigned long long,
-/// unsigned)`. 0 when no heap fits: under one page, over 2^31 pages, or no
-/// slot.
+/// unsigned)`. 0 when no heap fits: under one page, over 2^31 pages, no
+/// slot or more than 65,536.
 #[no_mangle]
 pub extern "C" fn cuheap_meta_bytes(data_bytes: u64, slots: u32) -> u64 {
     match pages_of(data_bytes, slots) {
@@ -176,12 +176,14 @@ pub extern "C" fn cuheap_meta_bytes(data_bytes: u64, slots: u32) -> u64 {
 
 fn pages_of(data_bytes: u64, slots: u32) -> Option<u32> {
     let pages = data_bytes / PAGE_SIZE as u64;
-    (slots > 0 && pages > 0 && pages <= (u32::MAX / 2) as u64).then_some(pages as u32)
+    let slots_fit = slots > 0 && slots <= Layout::MAX_SLOTS;
+    (slots_fit && pages > 0 && pages <= (u32::MAX / 2) as u64).then_some(pages as u32)
 }
 
 /// `cuheap_init` succeeded.
 pub const CUHEAP_OK: i32 = 0;
-/// A null or misaligned pointer, too little memory, or no slot.
+/// A null or misaligned pointer, too little memory, no slot or more than
+/// 65,536.
 pub const CUHEAP_ERROR_INVALID: i32 = 1;
 
 /// Makes memory the caller owns the module's heap (`cuheap_heap`), which

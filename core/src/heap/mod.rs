@@ -182,8 +182,10 @@ pub struct Heap<'a, W: Word = u32> {
 const OFFSET_UNIT: u32 = 7;
 
 // Every array's offset fits in a `u32` of those units, whatever the page
-// count: the last array starts after about 32 bytes per page.
-const _: () = assert!(Layout::new(u32::MAX, 4096).bitmaps >> OFFSET_UNIT <= u32::MAX as usize);
+// count, up to `Layout::MAX_SLOTS` slots: the last array starts after
+// about 32 bytes per page and 2.6 KB per slot.
+const _: () =
+    assert!(Layout::new(u32::MAX, Layout::MAX_SLOTS).bitmaps >> OFFSET_UNIT <= u32::MAX as usize);
 
 /// Bitmap words of one page for word type `W`.
 #[inline(always)]
@@ -201,8 +203,8 @@ impl<'a, W: Word> Heap<'a, W> {
     ///   only ever accessed through heap views (atomically) for `'a`;
     /// - `h.data` is [`PAGE_SIZE`]-aligned and `h.page_count * PAGE_SIZE`
     ///   bytes long, valid for `'a`;
-    /// - `h.page_count >= 1`, `h.slots >= 1`, and every view of this heap
-    ///   uses the same word type `W`.
+    /// - `h.page_count >= 1`, `1 <= h.slots <= Layout::MAX_SLOTS`, and
+    ///   every view of this heap uses the same word type `W`.
     #[inline(always)]
     pub unsafe fn from_handle(h: &HeapHandle) -> Heap<'a, W> {
         let l = Layout::new(h.page_count, h.slots);
@@ -222,37 +224,49 @@ impl<'a, W: Word> Heap<'a, W> {
     }
 
     /// `len` items of `T` at `at` 128-byte units into the metadata.
+    ///
+    /// # Safety
+    ///
+    /// `at`, `len` and `T` are one of the arrays that [`Layout`] places for
+    /// this view's page count and slots (an atomic type, for which zeroed
+    /// memory is a valid value).
     #[inline(always)]
-    fn array<T>(&self, at: u32, len: usize) -> &'a [T] {
+    unsafe fn array<T>(&self, at: u32, len: usize) -> &'a [T] {
         let start = self.meta + ((at as usize) << OFFSET_UNIT);
         // SAFETY: `from_handle`'s caller vouched for a zeroed metadata
-        // region of `Layout::meta_bytes` bytes, 128-byte aligned, used
-        // only through heap views for `'a`; the layout places each array
-        // (of atomics, for which zero is valid) inside it, aligned.
+        // region of `Layout::meta_bytes` bytes, aligned, used only through
+        // heap views for `'a`; the layout places this array (the caller's
+        // contract) inside it, aligned for `T`; `at` is exact (offsets fit
+        // their `u32`, see `OFFSET_UNIT`).
         unsafe { core::slice::from_raw_parts(start as *const T, len) }
     }
 
     #[inline(always)]
     fn lists(&self) -> &'a [AtomicU64] {
-        self.array(self.lists_at, self.slots as usize * CLASS_COUNT)
+        // SAFETY: the layout's list heads: `slots * CLASS_COUNT` `u64`s.
+        unsafe { self.array(self.lists_at, self.slots as usize * CLASS_COUNT) }
     }
 
     #[inline(always)]
     fn cache(&self) -> &'a [AtomicU32] {
-        self.array(self.cache_at, self.slots as usize * CLASS_COUNT)
+        // SAFETY: the layout's current pages: `slots * CLASS_COUNT` `u32`s.
+        unsafe { self.array(self.cache_at, self.slots as usize * CLASS_COUNT) }
     }
 
     /// The page map's words, then its summary (see [`PageMap`]).
     #[inline(always)]
     fn page_map(&self) -> &'a [AtomicU32] {
         let n = PageMap::words(self.page_count) + PageMap::summary_words(self.page_count);
-        self.array(self.page_map_at, n)
+        // SAFETY: the layout's page map and summary, `n` `u32`s.
+        unsafe { self.array(self.page_map_at, n) }
     }
 
     #[inline(always)]
     fn bitmaps(&self) -> &'a [W::Atomic] {
         let n = self.page_count as usize * words_per_page::<W>();
-        self.array(self.bitmaps_at, n)
+        // SAFETY: the layout's bitmaps, `n` words of `W` (every view of
+        // the heap uses the same `W`: `from_handle`'s contract).
+        unsafe { self.array(self.bitmaps_at, n) }
     }
 
     /// The page map and its summary.
@@ -328,9 +342,7 @@ impl<'a, W: Word> Heap<'a, W> {
     /// The handle this view was built from.
     #[inline(always)]
     pub fn handle(&self) -> HeapHandle {
-        const { assert!(Layout::new(1, 1).counters == 0) };
         HeapHandle {
-            // The counters open the metadata (see `Layout`).
             meta: self.meta as u64,
             data: self.data as u64,
             page_count: self.page_count,
@@ -440,7 +452,9 @@ impl<'a, W: Word> Heap<'a, W> {
     }
 
     pub fn descs(&self) -> &'a [PageDesc] {
-        self.array(self.descs_at, self.page_count as usize)
+        // SAFETY: the layout's descriptors, one per page (`repr(C)`
+        // atomics, zero-valid).
+        unsafe { self.array(self.descs_at, self.page_count as usize) }
     }
 
     /// Statistics from a scan of every page's descriptor (see
@@ -476,7 +490,7 @@ impl<'a, W: Word> Heap<'a, W> {
     /// The slots' tallies, which follow the counters (see [`Layout`]).
     #[inline(always)]
     pub(super) fn tallies(&self) -> Tallies<'a> {
-        // Through the address, as `from_handle` reaches every array: a
+        // Through the address, as `Heap::array` reaches every array: a
         // pointer from the counters' reference covers the counters only.
         let at = self.meta + Layout::TALLIES;
         // SAFETY: the layout puts `Tallies::words(slots)` words at
