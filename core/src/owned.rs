@@ -472,6 +472,20 @@ mod tests {
         assert_eq!(heap.stats().bad_frees, 1);
     }
 
+    /// A heap's view keeps its arrays' offsets in `u32`s of 128 bytes,
+    /// which hold up to `Layout::MAX_SLOTS` slots.
+    #[test]
+    #[cfg_attr(miri, ignore)] // 170 MB of metadata
+    fn more_slots_than_the_layout_allows_are_refused() {
+        assert!(OwnedHeap::<u32>::new(1, Layout::MAX_SLOTS + 1).is_none());
+        assert!(OwnedHeap::<u32>::new(1, u32::MAX).is_none());
+        let owned = OwnedHeap::<u32>::new(1, Layout::MAX_SLOTS).expect("the most slots");
+        let heap = owned.heap();
+        let p = heap.alloc(16, Layout::MAX_SLOTS - 1).unwrap();
+        heap.free(p, 0).unwrap();
+        heap.check_invariants().unwrap();
+    }
+
     #[test]
     fn bad_input_is_refused_and_counted() {
         let h = OwnedHeap::<u64>::new(4, 1).unwrap();
