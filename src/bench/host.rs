@@ -500,8 +500,6 @@ fn new_streams(gpu: &Gpu, n: usize) -> Result<Vec<Arc<CudaStream>>> {
         })
 }
 
-/// `threads` host threads, each with its own stream, alloc/free pairs of
-/// 256 B..64 KiB with up to 64 live per thread.
 /// One thread of the threads case on its own stream: `pairs` allocations
 /// of 256 B..64 KiB (drawn from `thread`'s seed), each followed, once 64
 /// blocks are live, by the free of a random live one; then the rest
@@ -536,6 +534,8 @@ pub fn thread_pairs<R: Resource + ?Sized>(
     (completed, failures + failed_allocs)
 }
 
+/// `threads` host threads, each with its own stream, alloc/free pairs of
+/// 256 B..64 KiB with up to 64 live per thread ([`thread_pairs`]).
 fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Throughput> {
     let streams = new_streams(gpu, threads)?;
     let barrier = Barrier::new(threads + 1);
