@@ -14,7 +14,8 @@
 //! Settings (environment): `CUHEAP_PTX_ARCH` (default `sm_80`, which the
 //! driver JIT-compiles for A100, H100 and newer), `CUHEAP_NIGHTLY` (the
 //! toolchain name, default from `rust-nightly`), `CUHEAP_ATOMIC_SCOPE` (`gpu`, the
-//! default, or `sys`: which atomics `cuheap-core` uses on the GPU).
+//! default, or `sys`: which atomics `cuheap-core` uses on the GPU; `sys` is for
+//! comparison only, see `cuheap_core::sync`).
 
 use std::env;
 use std::path::{Path, PathBuf};

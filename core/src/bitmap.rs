@@ -27,28 +27,44 @@ impl<'a, W: Word> Bitmap<'a, W> {
         }
     }
 
-    /// Claims up to `want` (>= 1) free blocks from one word, scanning the
-    /// first `nwords` words from `start`. Returns the word index and the
-    /// claimed bits (at least one), or `None` after a pass found nothing.
+    /// Claims up to `want` (>= 1) free blocks from one word, starting at
+    /// block `start`: first the `want` blocks from `start` on (to the end
+    /// of its word) with one `fetch_and` and no load before it, which is
+    /// all a claim takes when blocks are claimed in the order they were
+    /// reserved; then, from the value that `fetch_and` returned, the
+    /// lowest free blocks of that word and the next, over the first
+    /// `nwords` words. Returns the word index and the claimed bits (at
+    /// least one), or `None` after a pass found nothing.
+    ///
+    /// A guess that misses clears only bits that were clear already.
     #[inline(always)]
     pub fn claim(&self, start: u32, nwords: u32, want: u32) -> Option<(u32, W)> {
-        let mut i = start % nwords;
-        for _ in 0..nwords {
+        let mut i = (start / W::BITS) % nwords;
+        let guess = W::bits_from(start % W::BITS, want);
+        // Acquire: the blocks' previous owner freed them with a release.
+        let old = W::fetch_and(&self.words[i as usize], !guess, Ordering::Acquire);
+        if old & guess != W::ZERO {
+            return Some((i, old & guess));
+        }
+        let mut cur = old;
+        for pass in 0..nwords {
+            if pass > 0 {
+                i += 1;
+                if i == nwords {
+                    i = 0;
+                }
+                cur = W::load(&self.words[i as usize], Ordering::Relaxed);
+            }
             let cell = &self.words[i as usize];
-            let mut cur = W::load(cell, Ordering::Relaxed);
             while cur != W::ZERO {
                 let m = cur.lowest_set(want);
-                // Acquire: the blocks' previous owner freed them with a release.
+                // Acquire: as above.
                 let old = W::fetch_and(cell, !m, Ordering::Acquire);
                 let got = old & m;
                 if got != W::ZERO {
                     return Some((i, got));
                 }
                 cur = old;
-            }
-            i += 1;
-            if i == nwords {
-                i = 0;
             }
         }
         None
@@ -102,11 +118,32 @@ mod tests {
         assert_eq!(b.count_free(4), 70);
         let (i, m) = b.claim(0, 3, 40).unwrap();
         assert_eq!((i, m), (0, u32::MAX));
-        let (i, m) = b.claim(2, 3, 40).unwrap();
+        let (i, m) = b.claim(64, 3, 40).unwrap();
         assert_eq!((i, m), (2, 0b111_111));
         assert_eq!(b.release(0, 0b1), 0);
         assert_eq!(b.release(0, 0b11), 0b1);
         assert_eq!(b.count_free(3), 70 - 32 - 6 + 2);
+    }
+
+    #[test]
+    fn a_claim_takes_the_reserved_blocks_first_and_the_lowest_after_a_miss() {
+        let w = words::<u32>(2);
+        let b = Bitmap::<u32>::new(&w);
+        b.fill(64);
+        assert_eq!(b.claim(8, 2, 4), Some((0, 0xF00)), "blocks 8..12");
+        assert_eq!(
+            b.claim(30, 2, 4),
+            Some((0, 0xC000_0000)),
+            "cut at the word's end"
+        );
+        assert_eq!(b.claim(32, 2, 4), Some((1, 0xF)));
+        // Blocks 8..12 are taken: the miss claims the lowest free ones.
+        assert_eq!(b.claim(8, 2, 2), Some((0, 0b11)));
+        assert_eq!(b.count_free(2), 64 - 4 - 2 - 4 - 2);
+        // A full word: the scan moves on to the next.
+        let (_, m) = b.claim(0, 2, 32).unwrap();
+        assert_eq!(b.claim(0, 2, 1), Some((1, 0x10)));
+        assert_eq!(m.count_ones(), 32 - 8);
     }
 
     #[test]

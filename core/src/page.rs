@@ -5,8 +5,11 @@
 //! read-modify-writes, so every decision is made on the value one RMW
 //! returned and no fences are needed:
 //!
-//! `avail = FLOAT * floating + LIVE * live + f`
+//! `avail = CLASS * (class + 1) + FLOAT * floating + LIVE * live + f`
 //!
+//! - `class`: the class a live page serves (0 on a retired page), so the
+//!   read-modify-write that reserves blocks also says which class they are,
+//!   with no load of `kind` after it.
 //! - `f`: free blocks nobody has reserved. It may dip below zero while
 //!   reservers that asked for too much add the excess back.
 //! - `live`: the page serves a class (0 = retired, so zeroed memory holds
@@ -26,6 +29,8 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 pub const LIVE: u64 = 1 << 24;
 /// Floating flag of `avail`.
 pub const FLOAT: u64 = 1 << 40;
+/// Unit of the class field of `avail` (its top 16 bits).
+pub const CLASS: u64 = 1 << 48;
 
 /// A decoded `avail` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,19 +38,26 @@ pub struct Avail {
     pub floating: bool,
     pub live: bool,
     pub free: i64,
+    /// The class the page serves plus one; 0 unless `live`.
+    pub class: u32,
 }
 
-/// Decodes `avail`; transients stay far inside each field's range.
+/// Decodes `avail`; transients stay far inside each field's range. The
+/// low 48 bits are a signed sum (`f` may dip below zero, and reservers
+/// may take from a retired page, whose `avail` is 0, before they give it
+/// back); on a live page that sum is positive, so the class field above
+/// it is exact.
 #[inline(always)]
 pub const fn decode(v: u64) -> Avail {
-    let v = v as i64;
-    let floating = v >= (FLOAT / 2) as i64;
-    let r = if floating { v - FLOAT as i64 } else { v };
+    let low = ((v << 16) as i64) >> 16;
+    let floating = low >= (FLOAT / 2) as i64;
+    let r = if floating { low - FLOAT as i64 } else { low };
     let live = r >= (LIVE / 2) as i64;
     Avail {
         floating,
         live,
         free: if live { r - LIVE as i64 } else { r },
+        class: if live { (v / CLASS) as u32 } else { 0 },
     }
 }
 
@@ -120,17 +132,31 @@ impl PageDesc {
     /// Takes `want` from the free count; returns the value before. The
     /// caller keeps `min(want, free)` if the page was live with `free > 0`
     /// and must give the rest back (through the heap, which settles it).
+    ///
+    /// Acquire, not AcqRel: it must see what the activation published
+    /// (the kind and the filled bitmap, released by [`PageDesc::activate`]),
+    /// but a reserver publishes nothing through it. On a GPU a release is a
+    /// fence before the atomic (`MEMBAR.GPU` on sm_90), and this is the
+    /// allocation's hot path.
     #[inline(always)]
     pub fn take(&self, want: u32) -> Avail {
-        decode(self.avail.fetch_sub(want as u64, Ordering::AcqRel))
+        decode(self.avail.fetch_sub(want as u64, Ordering::Acquire))
     }
 
     /// Adds `n` free blocks; returns the value after.
+    ///
+    /// Release, not AcqRel: it publishes the freer's bitmap release (and
+    /// the block's last writes before it) to whoever retires the page, so
+    /// no late bitmap write lands on a page that has been reused; the
+    /// freer reads nothing through it (settling a floating page acquires
+    /// with its own read-modify-writes). On a GPU an acquire invalidates
+    /// the SM's L1 after the atomic (`CCTL.IVALL` on sm_90), and this is
+    /// the free's hot path.
     #[inline(always)]
     pub fn add(&self, n: u32) -> Avail {
         decode(
             self.avail
-                .fetch_add(n as u64, Ordering::AcqRel)
+                .fetch_add(n as u64, Ordering::Release)
                 .wrapping_add(n as u64),
         )
     }
@@ -152,13 +178,18 @@ impl PageDesc {
     pub fn activate(&self, class: u32, cap: u32) {
         self.kind.store(class + 1, Ordering::Relaxed);
         self.state.store(STATE_ATTACHED, Ordering::Relaxed);
-        self.avail.fetch_add(LIVE + cap as u64, Ordering::Release);
+        self.avail.fetch_add(
+            CLASS * (class as u64 + 1) + LIVE + cap as u64,
+            Ordering::Release,
+        );
     }
 
-    /// Retires a page whose `cap` blocks are all free and unreserved, and
-    /// whose floating flag is `floating`; fails if anything differs.
-    pub fn try_retire(&self, cap: u32, floating: bool) -> bool {
-        let full = LIVE + cap as u64 + if floating { FLOAT } else { 0 };
+    /// Retires a page of `class` whose `cap` blocks are all free and
+    /// unreserved, and whose floating flag is `floating`; fails if anything
+    /// differs.
+    pub fn try_retire(&self, class: u32, cap: u32, floating: bool) -> bool {
+        let full =
+            CLASS * (class as u64 + 1) + LIVE + cap as u64 + if floating { FLOAT } else { 0 };
         self.avail
             .compare_exchange(full, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
@@ -196,16 +227,22 @@ mod tests {
         for floating in [false, true] {
             for live in [false, true] {
                 for free in [-(1i64 << 22), -33, 0, 1, 4096] {
-                    let v =
-                        (floating as i64 * FLOAT as i64 + live as i64 * LIVE as i64 + free) as u64;
-                    assert_eq!(
-                        decode(v),
-                        Avail {
-                            floating,
-                            live,
-                            free
-                        }
-                    );
+                    for class in [0u32, 1, 43] {
+                        let c = if live { class + 1 } else { 0 };
+                        let v = (c as i64 * CLASS as i64
+                            + floating as i64 * FLOAT as i64
+                            + live as i64 * LIVE as i64
+                            + free) as u64;
+                        assert_eq!(
+                            decode(v),
+                            Avail {
+                                floating,
+                                live,
+                                free,
+                                class: c,
+                            }
+                        );
+                    }
                 }
             }
         }
@@ -223,22 +260,25 @@ mod tests {
         assert_eq!(d.take(8).free, 6);
         assert_eq!(d.add(2).free, 0);
         assert!(d.float().floating);
-        assert!(!d.try_retire(10, true));
+        assert!(!d.try_retire(2, 10, true));
+        assert!(!d.try_retire(1, 10, true), "another class's page");
         assert_eq!(
             d.add(10),
             Avail {
                 floating: true,
                 live: true,
-                free: 10
+                free: 10,
+                class: 3,
             }
         );
-        assert!(d.try_retire(10, true));
+        assert!(d.try_retire(2, 10, true));
         assert_eq!(
             d.now(),
             Avail {
                 floating: false,
                 live: false,
-                free: 0
+                free: 0,
+                class: 0,
             }
         );
     }

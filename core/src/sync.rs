@@ -6,7 +6,10 @@
 //!   nvptx64 (coherent with the CPU and peer GPUs), which is slower and
 //!   more than a device heap needs: its memory is touched by one GPU;
 //!   (`CUHEAP_ATOMIC_SCOPE=sys` at build time selects `core`'s atomics on
-//!   the GPU too, to compare);
+//!   the GPU too, to compare; with LLVM 22 their read-modify-writes other
+//!   than compare-exchange lose their orderings, plain `atom` with no
+//!   fence, so that build is unsound and only shows what the orderings
+//!   cost);
 //! - under `cfg(loom)`: loom's atomics, so the lock-free structures are
 //!   model-checked.
 //!

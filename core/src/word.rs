@@ -34,12 +34,15 @@ pub trait Word:
     fn fetch_or(a: &Self::Atomic, v: Self, order: Ordering) -> Self;
     fn count_ones(self) -> u32;
     fn trailing_zeros(self) -> u32;
+    fn leading_zeros(self) -> u32;
     /// The word with only bit `i` set (`i < BITS`).
     fn bit(i: u32) -> Self;
     /// The lowest `n` bits set (`n <= BITS`).
     fn low_bits(n: u32) -> Self;
     /// `self` without its lowest set bit.
     fn clear_lowest(self) -> Self;
+    /// Bits `from..from + n`, cut at the word's end (`from < BITS`).
+    fn bits_from(from: u32, n: u32) -> Self;
     /// A new atomic cell (tests and loom models; the heap casts raw memory).
     fn new_atomic(v: Self) -> Self::Atomic;
 
@@ -99,6 +102,10 @@ macro_rules! impl_word {
                 <$t>::trailing_zeros(self)
             }
             #[inline(always)]
+            fn leading_zeros(self) -> u32 {
+                <$t>::leading_zeros(self)
+            }
+            #[inline(always)]
             fn bit(i: u32) -> Self {
                 1 << i
             }
@@ -109,6 +116,10 @@ macro_rules! impl_word {
                 } else {
                     (1 << n) - 1
                 }
+            }
+            #[inline(always)]
+            fn bits_from(from: u32, n: u32) -> Self {
+                Self::low_bits(n.min(Self::BITS - from)) << from
             }
             #[inline(always)]
             fn clear_lowest(self) -> Self {

@@ -102,8 +102,71 @@ fn page_reserve_free_retire() {
         d.float();
         let a = d.add(2);
         assert!(a.floating && a.free == 2);
-        assert!(d.try_retire(2, true));
-        assert!(!d.try_retire(2, true));
+        assert!(d.try_retire(0, 2, true));
+        assert!(!d.try_retire(0, 2, true));
+    });
+}
+
+/// A reservation that finds a page live sees what its activation wrote
+/// before: the kind and the filled bitmap (`take` acquires what
+/// `activate` releases). With a relaxed `take`, loom finds a reserver that
+/// reads the page's old kind.
+#[test]
+fn a_reservation_sees_what_the_activation_published() {
+    use cuheap_core::page::{decode_kind, Kind};
+    use cuheap_core::sync::Ordering;
+    loom::model(|| {
+        let d = Arc::new(PageDesc::new());
+        let words: Arc<Vec<<u32 as Word>::Atomic>> = Arc::new(vec![u32::new_atomic(0)]);
+        let activator = {
+            let (d, words) = (d.clone(), words.clone());
+            thread::spawn(move || {
+                Bitmap::<u32>::new(&words).fill(1);
+                d.activate(3, 1);
+            })
+        };
+        let before = d.take(1);
+        if before.live && before.free > 0 {
+            assert_eq!(before.class, 4, "the counter names the class");
+            assert_eq!(decode_kind(d.kind.load(Ordering::Relaxed)), Kind::Class(3));
+            assert!(Bitmap::<u32>::new(&words).claim(0, 1, 1).is_some());
+        } else {
+            d.add(1);
+        }
+        activator.join().unwrap();
+    });
+}
+
+/// A freer's last writes to its block happen before whoever retires the
+/// page (and so may hand its memory to anyone): the block's writes, then
+/// the bitmap's release, then `add`, which releases both to the retiring
+/// compare-exchange. With a relaxed `add`, loom reports the block's two
+/// writes as a data race.
+#[test]
+fn a_retired_page_sees_the_freers_writes() {
+    loom::model(|| {
+        let d = Arc::new(PageDesc::new());
+        let words: Arc<Vec<<u32 as Word>::Atomic>> = Arc::new(vec![u32::new_atomic(0)]);
+        let block = Arc::new(loom::cell::UnsafeCell::new(0u32));
+        Bitmap::<u32>::new(&words).fill(1);
+        d.activate(0, 1);
+        assert_eq!(d.take(1).free, 1);
+        assert!(Bitmap::<u32>::new(&words).claim(0, 1, 1).is_some());
+        assert!(d.float().floating);
+        let freer = {
+            let (d, words, block) = (d.clone(), words.clone(), block.clone());
+            thread::spawn(move || {
+                // SAFETY: the freer owns the block until its release.
+                block.with_mut(|p| unsafe { *p = 7 });
+                assert_eq!(Bitmap::<u32>::new(&words).release(0, 1), 0);
+                d.add(1)
+            })
+        };
+        if d.try_retire(0, 1, true) {
+            // SAFETY: a retired page is the retirer's.
+            block.with_mut(|p| unsafe { *p = 9 });
+        }
+        freer.join().unwrap();
     });
 }
 

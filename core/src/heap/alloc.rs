@@ -3,7 +3,7 @@
 //! fallbacks (spans of whole units, a scan of every page of the class).
 
 use super::{AllocError, Heap, Placement};
-use crate::page::{decode_kind, Kind, STATE_ATTACHED, STATE_LISTED};
+use crate::page::{STATE_ATTACHED, STATE_LISTED};
 use crate::size_class::{class_of, class_of_aligned, valid_align, CLASS_COUNT};
 use crate::stats::Counters;
 use crate::sync::{spin_hint, Ordering};
@@ -15,7 +15,9 @@ pub struct Grant {
     pub page: u32,
     pub class: u32,
     pub count: u32,
-    /// Word to start claiming at.
+    /// Block to start claiming at: where the reserved blocks are if the
+    /// page's blocks are claimed in the order they are reserved (see
+    /// [`Bitmap::claim`](crate::bitmap::Bitmap::claim)).
     pub start: u32,
 }
 
@@ -235,15 +237,14 @@ impl<W: Word> Heap<'_, W> {
                 self.return_blocks(page, want - got, slot);
             }
             if got > 0 {
-                // Relaxed: `take` (AcqRel) synchronised with the activation
-                // that wrote the kind before its release.
-                if decode_kind(d.kind.load(Ordering::Relaxed)) == Kind::Class(class) {
+                // The class the page served when `take` reserved on it.
+                if before.class == class + 1 {
                     let cap = self.geometry().blocks_per_page(class);
                     return Ok(Grant {
                         page,
                         class,
                         count: got,
-                        start: cap.saturating_sub(before.free as u32) / W::BITS,
+                        start: cap.saturating_sub(before.free as u32),
                     });
                 }
                 // The slot was re-pointed after we read it and the page now
@@ -272,7 +273,8 @@ impl<W: Word> Heap<'_, W> {
             // only while other claimers move, so retrying terminates.
             if let Some((word, mask)) = bm.claim(g.start, nwords, g.count) {
                 g.count -= mask.count_ones();
-                g.start = word;
+                // The rest most likely follows the highest block claimed.
+                g.start = word * W::BITS + W::BITS - mask.leading_zeros();
                 return Run {
                     page: g.page,
                     word,

@@ -32,6 +32,7 @@ impl<W: Word> Heap<'_, W> {
                             floating: false,
                             live: false,
                             free: 0,
+                            class: 0,
                         })
                     {
                         return Err("free page with a live counter");
@@ -47,6 +48,9 @@ impl<W: Word> Heap<'_, W> {
                     let a = d.now();
                     if !a.live {
                         return Err("class page not live");
+                    }
+                    if a.class != c + 1 {
+                        return Err("class page's counter names another class");
                     }
                     let cap = self.geometry().blocks_per_page(c);
                     let nwords = cap.div_ceil(W::BITS);

@@ -63,7 +63,7 @@ impl<W: Word> Heap<'_, W> {
         let d = &self.descs()[page as usize];
         let Kind::Class(class) = d.kind() else { return };
         let cap = self.geometry().blocks_per_page(class);
-        if a.free >= cap as i64 && d.try_retire(cap, true) {
+        if a.free >= cap as i64 && d.try_retire(class, cap, true) {
             self.release_page(page, class);
         } else if a.free >= list_threshold(cap) as i64 && d.unfloat() {
             self.list_page(page, class, slot);
@@ -117,7 +117,7 @@ impl<W: Word> Heap<'_, W> {
                 let mut kept = 0u32; // private chain through `next`, page + 1
                 while let Some(p) = list.pop(self.next_of()) {
                     let d = &self.descs()[p as usize];
-                    if d.try_retire(cap, false) {
+                    if d.try_retire(class, cap, false) {
                         self.release_page(p, class);
                         retired += 1;
                     } else {
