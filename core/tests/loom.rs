@@ -170,6 +170,72 @@ fn a_retired_page_sees_the_freers_writes() {
     });
 }
 
+/// A stale reserver (it read its slot before the page was retired) takes
+/// from the retired page, gets nothing and gives it back, while another
+/// thread reactivates the page for another class and floats it. The give
+/// back's `add` returns the page floating and live, and the free path
+/// then settles it (`Heap::settle`): it must act on the class that `add`
+/// saw. Returns whether a `kind` loaded after the `add` can name another
+/// class (the `add` only releases, so nothing orders that load after the
+/// activation); the class field of the `add`'s value never does.
+fn settle_with_a_stale_return(load_kind: bool) -> bool {
+    use cuheap_core::page::{decode_kind, Kind, KIND_FREE};
+    use cuheap_core::sync::Ordering;
+    in_some_interleaving(move || {
+        let d = Arc::new(PageDesc::new());
+        d.activate(0, 1); // class 0, listed, all free
+        let other = {
+            let d = d.clone();
+            thread::spawn(move || {
+                // Retired (a scavenge), its units reused by an install of
+                // class 1, then detached when full.
+                if d.try_retire(0, 1, false) {
+                    d.kind.store(KIND_FREE, Ordering::Release);
+                    d.activate(1, 1);
+                    d.float();
+                }
+            })
+        };
+        // A reservation of one block, then its give-back (nothing was
+        // granted) or the free of the block it got: an `add` of one.
+        d.take(1);
+        let a = d.add(1);
+        let class = match (a.floating && a.live, load_kind) {
+            (false, _) => 1, // not settled
+            (true, true) => match decode_kind(d.kind.load(Ordering::Acquire)) {
+                Kind::Class(c) => c,
+                _ => u32::MAX,
+            },
+            (true, false) => a.class - 1,
+        };
+        other.join().unwrap();
+        class != 1
+    })
+}
+
+/// Whether `body` returns true in any interleaving loom explores.
+fn in_some_interleaving(body: impl Fn() -> bool + Sync + Send + 'static) -> bool {
+    let found = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = found.clone();
+    loom::model(move || {
+        if body() {
+            seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    found.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Settling acts on the class its RMW saw: a `kind` loaded after the
+/// free's `add` can be stale, the value `add` returned cannot.
+#[test]
+fn settle_acts_on_the_class_its_rmw_saw() {
+    assert!(
+        settle_with_a_stale_return(true),
+        "loom found no interleaving in which the kind is stale"
+    );
+    assert!(!settle_with_a_stale_return(false));
+}
+
 /// Two threads claiming pages from a two-page map get different pages.
 #[test]
 fn page_map_claims_are_exclusive() {
@@ -259,9 +325,7 @@ fn the_page_map_summary_is_exact_after_racing_claims_and_releases() {
 /// the owner decided to unmap it.
 fn shrink_can_unmap_a_claimed_page(fence: bool) -> bool {
     use cuheap_core::sync::Ordering;
-    let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen = lost.clone();
-    loom::model(move || {
+    in_some_interleaving(move || {
         let words = Arc::new(vec![AtomicU32::new(0b01)]);
         let full = Arc::new(vec![AtomicU32::new(0), AtomicU32::new(0)]);
         let limit = Arc::new(AtomicU32::new(2));
@@ -280,11 +344,8 @@ fn shrink_can_unmap_a_claimed_page(fence: bool) -> bool {
             !map.is_set(1)
         };
         let got = alloc.join().unwrap();
-        if unmapped && got == Some(1) {
-            seen.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-    lost.load(std::sync::atomic::Ordering::Relaxed)
+        unmapped && got == Some(1)
+    })
 }
 
 /// The trim race: lowering the limit and then checking loses to an

@@ -4,7 +4,7 @@
 
 use super::alloc::INSTALLING;
 use super::Heap;
-use crate::page::{Avail, Kind, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
+use crate::page::{Avail, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
 use crate::page_list::PageList;
 use crate::size_class::CLASS_COUNT;
 use crate::stats::Counters;
@@ -60,8 +60,15 @@ impl<W: Word> Heap<'_, W> {
 
     #[inline(always)]
     fn settle_here(&self, page: u32, a: Avail, slot: u32) {
+        // The class the RMW that returned `a` saw, not a load of `kind`:
+        // a free's `add` only releases, so a `kind` read after it may be
+        // older than the activation whose page that RMW hit
+        // (`settle_acts_on_the_class_its_rmw_saw` in the loom tests).
+        if !a.live || a.class == 0 {
+            return;
+        }
+        let class = a.class - 1;
         let d = &self.descs()[page as usize];
-        let Kind::Class(class) = d.kind() else { return };
         let cap = self.geometry().blocks_per_page(class);
         if a.free >= cap as i64 && d.try_retire(class, cap, true) {
             self.release_page(page, class);
