@@ -199,8 +199,11 @@ impl<'a, W: Word> Heap<'a, W> {
     /// # Safety
     ///
     /// - `h.meta` points to [`Layout::new(h.page_count, h.slots).meta_bytes`](Layout)
-    ///   bytes, 128-byte aligned, that were zeroed before first use and are
-    ///   only ever accessed through heap views (atomically) for `'a`;
+    ///   bytes, 16-byte aligned (every array the view reads then has its
+    ///   type's alignment; 128-byte alignment, which `OwnedHeap` and the
+    ///   host give, also keeps each slot's counters on a line of its own),
+    ///   that were zeroed before first use and are only ever accessed
+    ///   through heap views (atomically) for `'a`;
     /// - `h.data` is [`PAGE_SIZE`]-aligned and `h.page_count * PAGE_SIZE`
     ///   bytes long, valid for `'a`;
     /// - `h.page_count >= 1`, `1 <= h.slots <= Layout::MAX_SLOTS`, and
