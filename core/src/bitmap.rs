@@ -37,8 +37,12 @@ impl<'a, W: Word> Bitmap<'a, W> {
     /// least one), or `None` after a pass found nothing.
     ///
     /// A guess that misses clears only bits that were clear already.
+    /// `want` 0 claims nothing: `None`.
     #[inline(always)]
     pub fn claim(&self, start: u32, nwords: u32, want: u32) -> Option<(u32, W)> {
+        if want == 0 {
+            return None;
+        }
         let mut i = (start / W::BITS) % nwords;
         let guess = W::bits_from(start % W::BITS, want);
         // Acquire: the blocks' previous owner freed them with a release.
@@ -151,5 +155,11 @@ mod tests {
         let w = words::<u64>(2);
         let b = Bitmap::<u64>::new(&w);
         assert!(b.claim(0, 2, 1).is_none());
+        b.fill(3);
+        assert!(
+            b.claim(0, 2, 0).is_none(),
+            "nothing wanted, nothing claimed"
+        );
+        assert_eq!(b.count_free(2), 3);
     }
 }

@@ -509,6 +509,25 @@ mod tests {
     }
 
     #[test]
+    fn a_spent_grant_claims_nothing() {
+        let h = OwnedHeap::<u64>::new(4, 1).unwrap();
+        let heap = h.heap();
+        let class = crate::size_class::class_of(64).unwrap();
+        let mut g = heap.reserve(class, 3, 0).unwrap();
+        let run = heap.claim(&mut g);
+        assert_eq!((run.mask.count_ones(), g.count), (3, 0));
+        // Claiming again returns at once with an empty run.
+        assert_eq!(heap.claim(&mut g).mask, 0);
+        heap.count_allocated(0, 0, 3);
+        for i in 0..3 {
+            let bit = run.mask.nth_set(i);
+            let p = heap.block_addr(run.page, class, run.word * u64::BITS + bit);
+            heap.free(p, 0).unwrap();
+        }
+        heap.check_invariants().unwrap();
+    }
+
+    #[test]
     fn shortfall_counts_the_bytes_that_did_not_fit() {
         let h = OwnedHeap::<u64>::new(5, 1).unwrap();
         let heap = h.heap();

@@ -263,9 +263,17 @@ impl<W: Word> Heap<'_, W> {
         }
     }
 
-    /// Claims up to `g.count` reserved blocks from one word.
+    /// Claims up to `g.count` reserved blocks from one word; a grant with
+    /// none left gives an empty run (`mask` zero).
     #[inline(always)]
     pub fn claim(&self, g: &mut Grant) -> Run<W> {
+        if g.count == 0 {
+            return Run {
+                page: g.page,
+                word: 0,
+                mask: W::ZERO,
+            };
+        }
         let bm = self.bitmap(g.page);
         let nwords = self.geometry().blocks_per_page(g.class).div_ceil(W::BITS);
         loop {
