@@ -178,18 +178,15 @@ impl PageDesc {
     pub fn activate(&self, class: u32, cap: u32) {
         self.kind.store(class + 1, Ordering::Relaxed);
         self.state.store(STATE_ATTACHED, Ordering::Relaxed);
-        self.avail.fetch_add(
-            CLASS * (class as u64 + 1) + LIVE + cap as u64,
-            Ordering::Release,
-        );
+        self.avail
+            .fetch_add(all_free(class, cap), Ordering::Release);
     }
 
     /// Retires a page of `class` whose `cap` blocks are all free and
     /// unreserved, and whose floating flag is `floating`; fails if anything
     /// differs.
     pub fn try_retire(&self, class: u32, cap: u32, floating: bool) -> bool {
-        let full =
-            CLASS * (class as u64 + 1) + LIVE + cap as u64 + if floating { FLOAT } else { 0 };
+        let full = all_free(class, cap) + if floating { FLOAT } else { 0 };
         self.avail
             .compare_exchange(full, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
@@ -205,6 +202,14 @@ impl Default for PageDesc {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// `avail` of a live, unfloated page of `class` whose `cap` blocks are all
+/// free and unreserved: what activation adds to a retired page's 0, and
+/// what retiring expects to find.
+#[inline(always)]
+const fn all_free(class: u32, cap: u32) -> u64 {
+    CLASS * (class as u64 + 1) + LIVE + cap as u64
 }
 
 #[inline(always)]
