@@ -167,9 +167,33 @@ impl PageDesc {
         decode(self.avail.fetch_or(FLOAT, Ordering::AcqRel) | FLOAT)
     }
 
-    /// Clears the floating flag; true for the one caller that cleared it.
-    pub fn unfloat(&self) -> bool {
-        self.avail.fetch_and(!FLOAT, Ordering::AcqRel) & FLOAT != 0
+    /// Clears the floating flag of a live page of `class`; true for the one
+    /// caller that cleared it.
+    ///
+    /// A compare-exchange on a value of that class, not a `fetch_and`: the
+    /// caller read the class (from an RMW or `kind`) a moment before, and
+    /// meanwhile the page can have been retired, and then reactivated for
+    /// another class and floated again (a blind clear would list it under
+    /// the old class), or still be retired while a stale reserver's
+    /// `fetch_sub` has made `avail` negative (a blind clear of bit 40 would
+    /// corrupt that sum, and the page would never be live again).
+    pub fn unfloat(&self, class: u32) -> bool {
+        let mut v = self.avail.load(Ordering::Relaxed);
+        loop {
+            let a = decode(v);
+            if !a.floating || a.class != class + 1 {
+                return false; // `class` is 0 unless live
+            }
+            match self.avail.compare_exchange_weak(
+                v,
+                v & !FLOAT,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => v = now,
+            }
+        }
     }
 
     /// Makes a retired page live with `cap` free blocks of `class`. The
@@ -286,5 +310,44 @@ mod tests {
                 class: 0,
             }
         );
+    }
+
+    /// A settler read class 2 on a floating page; before it unfloats, the
+    /// page is retired, reactivated for class 5 and floated again. Its
+    /// unfloat must fail (a blind clear listed the page under class 2),
+    /// and the page stays floating for a settler of class 5.
+    #[test]
+    fn unfloat_leaves_a_page_that_serves_another_class() {
+        let d = PageDesc::new();
+        d.activate(2, 10);
+        let seen = d.float();
+        assert_eq!((seen.floating, seen.class), (true, 3));
+        assert!(d.try_retire(2, 10, true));
+        d.activate(5, 20);
+        d.take(20);
+        d.float();
+        assert!(!d.unfloat(2), "unfloated a page of another class");
+        assert!(d.now().floating);
+        assert!(d.unfloat(5));
+        assert!(!d.unfloat(5), "one winner");
+    }
+
+    /// A settler read class 2 on a floating page; before it unfloats, the
+    /// page is retired and a stale reserver takes from its 0. The unfloat
+    /// must leave that sum alone: once the reserver gives back, the page
+    /// is retired and can be reactivated (a blind clear of bit 40 left it
+    /// at -2^40, never live again).
+    #[test]
+    fn unfloat_leaves_a_retired_page_alone() {
+        let d = PageDesc::new();
+        d.activate(2, 10);
+        d.float();
+        assert!(d.try_retire(2, 10, true));
+        assert!(!d.take(3).live);
+        assert!(!d.unfloat(2));
+        d.add(3);
+        assert_eq!(d.avail.load(Ordering::Relaxed), 0);
+        d.activate(2, 10);
+        assert!(d.now().live);
     }
 }

@@ -236,6 +236,35 @@ fn settle_acts_on_the_class_its_rmw_saw() {
     assert!(!settle_with_a_stale_return(false));
 }
 
+/// A settler that saw a floating page of class 0 lists it (unfloats)
+/// while another thread retires that page, reactivates it for class 1 and
+/// floats it again. In no interleaving may both succeed: the settler would
+/// list a class-1 page on a class-0 list.
+#[test]
+fn unfloat_never_takes_a_page_reused_for_another_class() {
+    loom::model(|| {
+        let d = Arc::new(PageDesc::new());
+        d.activate(0, 1);
+        d.float(); // floating, all free: listed or retired next
+        let other = {
+            let d = d.clone();
+            thread::spawn(move || {
+                let retired = d.try_retire(0, 1, true);
+                if retired {
+                    d.activate(1, 1);
+                    d.take(1);
+                    d.float();
+                }
+                retired
+            })
+        };
+        let listed = d.unfloat(0);
+        let retired = other.join().unwrap();
+        assert!(!(listed && retired), "listed a page of another class");
+        assert!(listed || retired, "neither settled the page");
+    });
+}
+
 /// Two threads claiming pages from a two-page map get different pages.
 #[test]
 fn page_map_claims_are_exclusive() {

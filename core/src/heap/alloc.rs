@@ -578,7 +578,7 @@ impl<W: Word> Heap<'_, W> {
                 }
                 d.float();
             }
-            if d.unfloat() {
+            if d.unfloat(class) {
                 self.list_page(p, class, slot);
                 return Scan::Listed;
             }
