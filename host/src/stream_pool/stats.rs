@@ -13,7 +13,9 @@ pub struct PoolStats {
     /// Bytes handed out and not freed (block sizes).
     pub in_use: usize,
     /// Largest `in_use` seen; sampled every 64 calls per stream cache
-    /// or thread cache.
+    /// or thread cache, and whenever one of them has counted more than
+    /// 2 MiB, in or out, since it last added its count to the pool's, so
+    /// each cache leads or lags the true peak by at most that and a block.
     pub peak_in_use: usize,
     /// Bytes freed and cached, per stream (its id as an integer).
     pub cached_per_stream: Vec<(usize, usize)>,
