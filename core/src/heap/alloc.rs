@@ -578,11 +578,16 @@ impl<W: Word> Heap<'_, W> {
                 }
                 d.float();
             }
-            if d.unfloat(class) {
-                self.list_page(p, class, slot);
-                return Scan::Listed;
+            match d.unfloat() {
+                Some(now) if now == class => {
+                    self.list_page(p, class, slot);
+                    return Scan::Listed;
+                }
+                // Retired and reused for another class since `kind` was
+                // read: listed where it belongs.
+                Some(now) => self.list_page(p, now, slot),
+                None => seen = Scan::InTransit,
             }
-            seen = Scan::InTransit;
         }
         seen
     }

@@ -72,8 +72,12 @@ impl<W: Word> Heap<'_, W> {
         let cap = self.geometry().blocks_per_page(class);
         if a.free >= cap as i64 && d.try_retire(class, cap, true) {
             self.release_page(page, class);
-        } else if a.free >= list_threshold(cap) as i64 && d.unfloat(class) {
-            self.list_page(page, class, slot);
+        } else if a.free >= list_threshold(cap) as i64 {
+            // Listed under the class `unfloat` saw: the page may serve
+            // another one by now.
+            if let Some(now) = d.unfloat() {
+                self.list_page(page, now, slot);
+            }
         }
     }
 
