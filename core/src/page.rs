@@ -23,7 +23,7 @@
 //! records where the page is for checks and statistics; it synchronises
 //! nothing.
 
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{spin_hint, AtomicU32, AtomicU64, Ordering};
 
 /// Live bias of `avail`.
 pub const LIVE: u64 = 1 << 24;
@@ -178,12 +178,14 @@ impl PageDesc {
     /// page that a stale reserver's `fetch_sub` has taken below zero, bit
     /// 40 is part of that negative sum, not the flag: clearing it took
     /// `FLOAT` off the sum, and the add puts it back (adds commute with the
-    /// reserver's, so the page is retired again once both are done).
+    /// reserver's, so the page is retired again once both are done; an
+    /// activation in between waits for the add, see
+    /// [`PageDesc::activate`]).
     ///
     /// One `fetch_and` in the common case, as before the class was checked:
-    /// a compare-exchange loop in its place made the allocation kernels 40%
-    /// slower from 256 B up on an H100 80 GB (the assembler inlines this
-    /// path into them, `docs/ab-unfloat-h100.txt`).
+    /// a compare-exchange loop in its place made the allocation kernels
+    /// 1.4x-1.8x slower from 256 B up on an H100 80 GB (the assembler
+    /// inlines this path into them, `docs/ab-unfloat-h100.txt`).
     pub fn unfloat(&self) -> Option<u32> {
         let raw = self.avail.fetch_and(!FLOAT, Ordering::AcqRel);
         if raw & FLOAT == 0 {
@@ -200,11 +202,27 @@ impl PageDesc {
     /// Makes a retired page live with `cap` free blocks of `class`. The
     /// caller owns the page (claimed it from the page map) and has filled
     /// the bitmap; the `Release` publishes both.
+    ///
+    /// A settler's [`PageDesc::unfloat`] may have just cleared bit 40 of
+    /// this page's count while it was retired and a stale reserver had
+    /// taken it below zero; until that settler adds the bit back (its next
+    /// atomic), the count reads as retired. Activation waits for it, so
+    /// no installer acts on a page that reads as retired (it would detach
+    /// it, and once the bit came back the page would be live with no slot
+    /// and no list to find it).
     pub fn activate(&self, class: u32, cap: u32) {
         self.kind.store(class + 1, Ordering::Relaxed);
         self.state.store(STATE_ATTACHED, Ordering::Relaxed);
-        self.avail
-            .fetch_add(all_free(class, cap), Ordering::Release);
+        let add = all_free(class, cap);
+        let now = self
+            .avail
+            .fetch_add(add, Ordering::Release)
+            .wrapping_add(add);
+        if !decode(now).live {
+            while !self.now().live {
+                spin_hint();
+            }
+        }
     }
 
     /// Retires a page of `class` whose `cap` blocks are all free and

@@ -292,6 +292,43 @@ fn unfloat_lists_a_page_under_the_class_it_serves() {
     only_the_old_way_goes_wrong(unfloat_goes_wrong);
 }
 
+/// A retired page: a stale reserver takes from it and gives back, a
+/// settler's unfloat finds bit 40 set by that negative transient (clears
+/// it and adds it back), and the page is activated meanwhile. Whatever the
+/// interleaving, the activation returns with the page live (without its
+/// wait for the settler's add, it could return with the page reading as
+/// retired, and an installer would drop it), and everything ends live,
+/// unfloated and all free.
+#[test]
+fn activation_waits_for_an_unfloat_that_put_bit_40_back() {
+    loom::model(|| {
+        let d = Arc::new(PageDesc::new());
+        let reserver = {
+            let d = d.clone();
+            thread::spawn(move || {
+                d.take(3);
+                d.add(3);
+            })
+        };
+        let settler = {
+            let d = d.clone();
+            thread::spawn(move || d.unfloat())
+        };
+        d.activate(1, 4);
+        assert!(
+            d.now().live,
+            "activation returned on a page that reads as retired"
+        );
+        assert_eq!(settler.join().unwrap(), None, "the page never floated");
+        reserver.join().unwrap();
+        let end = d.now();
+        assert!(
+            end.live && !end.floating && end.free == 4 && end.class == 2,
+            "{end:?}"
+        );
+    });
+}
+
 /// Two threads claiming pages from a two-page map get different pages.
 #[test]
 fn page_map_claims_are_exclusive() {
