@@ -76,16 +76,25 @@ const STEAL_BATCH: usize = 32;
 /// A stream folds its byte counter into the pool's every this many calls,
 /// which is when the peak is sampled.
 const FOLD_EVERY: u64 = 64;
-/// A cache whose byte counter moves further than this from zero folds it
-/// at once. A block handed to another thread or stream is counted in on
-/// one cache and out on another, and caches fold at different times: with
-/// the count of calls alone, eight threads handing blocks of up to 4 MiB
-/// around had the pool's sum, and the peak sampled from it, at 0.9 GB for
-/// 50 MiB in use (frees left unfolded), or at 9 MiB (allocations left
-/// unfolded). With it, each cache's unfolded part stays within this plus
-/// one block, which bounds the sampled peak's error. A thread that
-/// allocates and frees one size up to this in turn never reaches it.
+/// A stream's cache folds its byte counter at once when it moves further
+/// than this, or than twice the call's block, from zero. A block handed to
+/// another thread or stream is counted in on one cache and out on
+/// another, and caches fold at different times: with the count of calls
+/// alone, eight threads handing blocks of up to 4 MiB around had the
+/// pool's sum, and the peak sampled from it, at 0.9 GB for 50 MiB in use.
+/// A thread that allocates and frees one size in turn never reaches it
+/// (one fold per call cost 13-15% at 16 MiB and 64 MiB on an H100 80 GB's
+/// host, `docs/ab-pool-peak-h100.txt`). A thread's cache, which only
+/// hands out blocks freed into it, counts at most what it holds plus what
+/// it spilled since it last folded, and folds when it spills.
 const FOLD_BYTES: i64 = 2 << 20;
+
+/// Whether a cache whose counter is `net` after a call on a block of
+/// `bytes` folds it now ([`FOLD_BYTES`]).
+#[inline]
+fn fold_now(net: i64, bytes: i64) -> bool {
+    net.unsigned_abs() > FOLD_BYTES.max(2 * bytes.abs()) as u64
+}
 /// [`Pool::keep_headroom`] sheds a stream's cache when fewer than one page
 /// in `HEADROOM` is free.
 const HEADROOM: u32 = 16;
@@ -615,7 +624,7 @@ impl<B: Backend> Pool<B> {
             if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
                 self.shed(sc, c, c.bytes / 2);
             }
-        } else if c.net.abs() > FOLD_BYTES {
+        } else if fold_now(c.net, bytes) {
             self.fold(&mut c.net);
         }
     }
@@ -788,7 +797,7 @@ impl<B: Backend> Pool<B> {
             if m.move_to(&mut c) {
                 c.dirty = true;
             }
-            if c.net.abs() > FOLD_BYTES {
+            if fold_now(c.net, 0) {
                 // Its calls may all reach the threads' caches.
                 self.fold(&mut c.net);
             }
@@ -972,9 +981,7 @@ impl<B: Backend> Pool<B> {
     fn count_local(&self, m: &mut Cache<()>, which: usize, bytes: i64) {
         m.counts[which] += 1;
         m.net += bytes;
-        if (m.counts[ALLOCS] + m.counts[FREES]).is_multiple_of(FOLD_EVERY)
-            || m.net.abs() > FOLD_BYTES
-        {
+        if (m.counts[ALLOCS] + m.counts[FREES]).is_multiple_of(FOLD_EVERY) {
             self.fold(&mut m.net);
         }
     }
@@ -1045,6 +1052,10 @@ impl<B: Backend> Pool<B> {
                 }
                 if m.bytes > self.local_limit {
                     out.extend(m.shed(self.local_limit / 2));
+                }
+                if !out.is_empty() {
+                    // Blocks leave uncounted: see `FOLD_BYTES`.
+                    self.fold(&mut m.net);
                 }
                 out
             });

@@ -12,10 +12,11 @@ pub struct PoolStats {
     pub reserved: usize,
     /// Bytes handed out and not freed (block sizes).
     pub in_use: usize,
-    /// Largest `in_use` seen; sampled every 64 calls per stream cache
-    /// or thread cache, and whenever one of them has counted more than
-    /// 2 MiB, in or out, since it last added its count to the pool's, so
-    /// each cache leads or lags the true peak by at most that and a block.
+    /// Largest `in_use` seen, sampled: each stream's and thread's cache
+    /// adds its count of bytes in and out to the pool's every 64 calls
+    /// and whenever that count passes 2 MiB (or twice the call's block)
+    /// or the thread's cache spills, so the sample leads or lags the true
+    /// peak by up to about that much per cache, summed over the caches.
     pub peak_in_use: usize,
     /// Bytes freed and cached, per stream (its id as an integer).
     pub cached_per_stream: Vec<(usize, usize)>,
@@ -139,7 +140,8 @@ impl<B: Backend> Pool<B> {
             device_heap_mapped: shared.heap_mapped,
             banked: shared.banked,
             in_use,
-            peak_in_use: self.peak.load(Ordering::Relaxed).max(in_use),
+            // Kept: a later snapshot never shows a lower peak.
+            peak_in_use: self.peak.fetch_max(in_use, Ordering::Relaxed).max(in_use),
             cached_per_stream,
             fragmentation: if free_bytes == 0 {
                 0.0
