@@ -23,7 +23,8 @@
 //!   thread makes a new one on its next call).
 //! - Counters and bytes in use stay in the thread's cache; the pool adds
 //!   them up for its statistics and folds the bytes into its peak every
-//!   64 calls, as a stream cache does.
+//!   64 calls, as a stream cache does, and when the thread's cache spills
+//!   blocks to its stream's.
 //! - Lock order: a thread's blocks, then a stream cache's lock. No one
 //!   waits for a thread's blocks while holding a stream cache's lock.
 

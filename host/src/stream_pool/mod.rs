@@ -84,9 +84,10 @@ const FOLD_EVERY: u64 = 64;
 /// pool's sum, and the peak sampled from it, at 0.9 GB for 50 MiB in use.
 /// A thread that allocates and frees one size in turn never reaches it
 /// (one fold per call cost 13-15% at 16 MiB and 64 MiB on an H100 80 GB's
-/// host, `docs/ab-pool-peak-h100.txt`). A thread's cache, which only
-/// hands out blocks freed into it, counts at most what it holds plus what
-/// it spilled since it last folded, and folds when it spills.
+/// host, `docs/ab-pool-peak-h100.txt`). A thread's cache gains blocks only
+/// from frees into it and folds when it spills some, so its count stays
+/// between minus what it holds and what it held when it last folded
+/// (within its bound, 2 MiB, and a block).
 const FOLD_BYTES: i64 = 2 << 20;
 
 /// Whether a cache whose counter is `net` after a call on a block of

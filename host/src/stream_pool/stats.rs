@@ -12,11 +12,12 @@ pub struct PoolStats {
     pub reserved: usize,
     /// Bytes handed out and not freed (block sizes).
     pub in_use: usize,
-    /// Largest `in_use` seen, sampled: each stream's and thread's cache
-    /// adds its count of bytes in and out to the pool's every 64 calls
-    /// and whenever that count passes 2 MiB (or twice the call's block)
-    /// or the thread's cache spills, so the sample leads or lags the true
-    /// peak by up to about that much per cache, summed over the caches.
+    /// Largest `in_use` seen, sampled: each stream's cache adds its count
+    /// of bytes in and out to the pool's every 64 calls and whenever that
+    /// count moves further than 2 MiB (or twice the call's block) from
+    /// zero, each thread's cache every 64 calls and when it spills blocks
+    /// to its stream's, and every snapshot samples too. Each cache may
+    /// lead or lag by about that much, summed over the caches.
     pub peak_in_use: usize,
     /// Bytes freed and cached, per stream (its id as an integer).
     pub cached_per_stream: Vec<(usize, usize)>,
@@ -99,6 +100,10 @@ impl<B: Backend> Pool<B> {
         let mut cached_per_stream = Vec::new();
         let mut per_stream = [0u64; 4];
         let mut net = 0i64;
+        // Before the walk: a cache that folds meanwhile is then missed by
+        // this snapshot, not counted twice (see `peak_in_use` below).
+        let folded = self.folded.load(Ordering::Relaxed);
+        let mut exact = true;
         for (id, sc) in self.caches.read().unwrap_or_else(|p| p.into_inner()).iter() {
             // The threads' caches of the stream first (never under its lock),
             // again if blocks moved from them to the stream's cache meanwhile.
@@ -113,8 +118,11 @@ impl<B: Backend> Pool<B> {
                     }
                 });
                 let c = sc.lock();
-                if sc.moves.load(Ordering::Acquire) != seen && tries < 8 {
-                    continue;
+                if sc.moves.load(Ordering::Acquire) != seen {
+                    if tries < 8 {
+                        continue;
+                    }
+                    exact = false; // blocks may be counted on both sides
                 }
                 cached_per_stream.push((*id, c.bytes + bytes));
                 net += c.net + n;
@@ -129,7 +137,15 @@ impl<B: Backend> Pool<B> {
         }
         let (free_bytes, largest) = self.free_space();
         let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
-        let in_use = (self.folded.load(Ordering::Relaxed) + net).max(0) as usize;
+        let in_use = (folded + net).max(0) as usize;
+        // Kept as the pool's peak only from a walk that counted nothing
+        // twice, so a later snapshot never shows a lower peak and none
+        // shows one that never was.
+        let peak = if exact {
+            self.peak.fetch_max(in_use, Ordering::Relaxed)
+        } else {
+            self.peak.load(Ordering::Relaxed)
+        };
         let gone = *self
             .forgotten_counts
             .lock()
@@ -140,8 +156,7 @@ impl<B: Backend> Pool<B> {
             device_heap_mapped: shared.heap_mapped,
             banked: shared.banked,
             in_use,
-            // Kept: a later snapshot never shows a lower peak.
-            peak_in_use: self.peak.fetch_max(in_use, Ordering::Relaxed).max(in_use),
+            peak_in_use: peak.max(in_use),
             cached_per_stream,
             fragmentation: if free_bytes == 0 {
                 0.0
