@@ -421,7 +421,14 @@ impl Stats {
             match decode_kind(d.kind.load(Ordering::Relaxed)) {
                 Kind::Free => s.free_pages += 1,
                 Kind::Class(c) if (c as usize) < CLASS_COUNT => {
-                    let free = decode(d.avail.load(Ordering::Relaxed)).free;
+                    let a = decode(d.avail.load(Ordering::Relaxed));
+                    if !a.live {
+                        // Being retired or activated (its kind and count
+                        // change apart): in transit, neither free nor
+                        // holding blocks.
+                        continue;
+                    }
+                    let free = a.free;
                     let used = (geo.blocks_per_page(c) as i64 - free.max(0)).max(0) as u64;
                     s.blocks_in_use[c as usize] += used;
                     s.class_pages[c as usize] += 1;
@@ -454,5 +461,26 @@ impl Stats {
     /// True when nothing is allocated: every block and span returned.
     pub fn is_empty(&self) -> bool {
         self.blocks() == 0 && self.spans == 0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A page whose kind still names a class while its count reads as
+    /// retired (a retire or an activation under way) holds no blocks: the
+    /// scan counted all of its blocks as in use.
+    #[test]
+    fn a_class_page_in_transit_holds_no_blocks() {
+        let descs = [PageDesc::new(), PageDesc::new()];
+        let cap = Geometry::STANDARD.blocks_per_page(0);
+        descs[0].activate(0, cap);
+        descs[0].take(3);
+        descs[1].kind.store(1, Ordering::Relaxed); // class 0, count 0
+        let s = Stats::collect(&descs, &Counters::new());
+        assert_eq!(s.blocks_in_use[0], 3);
+        assert_eq!(s.class_pages[0], 1);
+        assert_eq!(s.bytes_in_use, 3 * class_size(0) as u64);
     }
 }
