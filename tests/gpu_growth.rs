@@ -386,3 +386,252 @@ fn memory_freed_by_a_kernel_serves_a_host_allocation_and_the_reverse() {
         free_at_end >> 20
     );
 }
+
+/// Waits until `state[0]` counts `n` holders (read on `stream`, which
+/// runs beside them).
+fn wait_for_holders(
+    state: &cuheap::host::DeviceMemory,
+    n: u32,
+    stream: &cuheap::cudarc::driver::CudaStream,
+) {
+    let t = Instant::now();
+    loop {
+        let mut s = [0u32; 2];
+        state.read_on(0, &mut s, stream).unwrap();
+        if s[0] == n {
+            return;
+        }
+        assert!(
+            t.elapsed().as_secs() < 30,
+            "{} of {n} holders started",
+            s[0]
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A trim on a stream gives the heap's free steps back while a kernel on
+/// another stream holds blocks of the heap: the memory reaches the bank
+/// and serves a host allocation (no new memory) while that kernel still
+/// runs; its blocks keep their contents and it takes new ones, never in
+/// the hole; growth then maps the hole again (its pages unfenced) and a
+/// kernel fills it; `trim` and `reset` between launches drop holes at the
+/// end.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn memory_goes_back_to_the_pool_while_a_kernel_holds_blocks_of_the_heap() {
+    let _one = one_at_a_time();
+    use cuheap::{DevicePtr, LaunchConfig, Pool, PoolConfig, Reservation};
+    let gpu = gpu();
+    let k = kernels(&gpu);
+    let res = Reservation::new(gpu.context(), 64 << 30).unwrap();
+    let cfg = PoolConfig {
+        initial: 32 << 20,
+        chunk: 32 << 20,
+        ..PoolConfig::new(16 << 30)
+    };
+    let pool = Pool::shared(&res, cfg).unwrap();
+    let start = 64usize << 20;
+    let h = DeviceHeap::growable_in(&gpu, &res, start, 4 << 30).unwrap();
+    let (held, work) = (
+        gpu.context().new_stream().unwrap(),
+        gpu.context().new_stream().unwrap(),
+    );
+
+    // 8,192 threads take a 1 KiB block each and hold it until told.
+    let holders = 8192u32;
+    let state = gpu.alloc_zeroed(8).unwrap();
+    let held_errors = gpu.alloc_zeroed(8).unwrap();
+    let on_held = LaunchConfig::for_threads(holders).on(&held);
+    // SAFETY: the heap, `state` (two u32s, the second written below) and
+    // `held_errors` (two u32s) outlive the launch, waited for below.
+    unsafe {
+        k.hold_blocks(
+            &on_held,
+            &h,
+            holders,
+            1024,
+            state.as_ptr(),
+            held_errors.as_ptr(),
+        )
+        .unwrap()
+    };
+    wait_for_holders(&state, holders, &work);
+
+    // Meanwhile the heap grows to 1 GiB, and a kernel on another stream
+    // takes 512 MiB of it and frees it; a trim queued after it.
+    assert_eq!(h.grow(1 << 30).unwrap(), 1 << 30);
+    let n = 512 * 1024;
+    let b = Bufs::new(&gpu, n);
+    let on_work = LaunchConfig::for_threads(n).on(&work);
+    // SAFETY: `b` holds n pointers and two counters; the heap and `b`
+    // outlive the launches, waited for below.
+    unsafe {
+        b.kernels
+            .alloc_cuheap(&on_work, &h, n, 1024, b.ptrs.as_ptr(), b.errors.as_ptr())
+            .unwrap();
+        b.kernels
+            .free_cuheap(&on_work, &h, n, b.ptrs.as_ptr())
+            .unwrap();
+    }
+    h.trim_on(&gpu, &work, start).unwrap();
+    work.synchronize().unwrap();
+    let mut e = [0u32; 2];
+    b.errors.read_on(0, &mut e, &work).unwrap();
+    assert_eq!(e, [0, 0], "nulls and bad blocks of the 512 MiB kernel");
+    let back = h.finish_trims(false).unwrap();
+    assert_eq!(back, (1 << 30) - start, "the grown step went back");
+    assert_eq!(h.capacity(), start);
+    let s = res.stats();
+    assert_eq!(s.banked, back, "{s:?}");
+    let stats = h.stats().unwrap();
+    assert_eq!(
+        stats.page_count as usize,
+        start / cuheap::core::PAGE_SIZE,
+        "the hole's pages are not counted"
+    );
+
+    // The pool maps that memory and its block holds data, while the
+    // holders still run (they wait for `state[1]`).
+    let created = s.created;
+    let size = 512usize << 20;
+    let p = pool.alloc(size, &work).unwrap();
+    let errors = gpu.alloc_zeroed(4).unwrap();
+    let words = (size / 4) as u32;
+    let launch = LaunchConfig::for_threads(256 * 1024).on(&work);
+    // SAFETY: `p` is a live block of `words` u32s until the free below,
+    // which is ordered after these kernels on `work`; `errors` holds a u32.
+    unsafe {
+        k.spin_fill(&launch, DevicePtr::from_raw(p), words, 0x5A5A_5A5A, 0)
+            .unwrap();
+        k.check_fill(
+            &launch,
+            DevicePtr::from_raw(p),
+            words,
+            0x5A5A_5A5A,
+            1,
+            errors.as_ptr(),
+        )
+        .unwrap();
+    }
+    let mut e = [0u32];
+    errors.read_on(0, &mut e, &work).unwrap();
+    assert_eq!(
+        e[0], 0,
+        "the host allocation's memory did not hold its data"
+    );
+    let s = res.stats();
+    assert_eq!(
+        s.created, created,
+        "the host allocation made new memory: {s:?}"
+    );
+    assert!(s.reused >= size, "{s:?}");
+    let mut st = [0u32; 2];
+    state.read_on(0, &mut st, &work).unwrap();
+    assert_eq!(st, [holders, 0], "the holders still wait");
+    pool.free(p, &work).unwrap();
+
+    // The holders go on: their blocks kept their contents, and each takes
+    // and checks a second block.
+    state.write_on(4, &[1u32], &work).unwrap();
+    held.synchronize().unwrap();
+    let mut he = [0u32; 2];
+    held_errors.read_on(0, &mut he, &held).unwrap();
+    assert_eq!(he, [0, 0], "nulls and bad blocks of the holders");
+
+    // Growth maps the hole again; a kernel takes 768 MiB, all checked.
+    assert_eq!(h.grow(1 << 30).unwrap(), 1 << 30);
+    let n = 768 * 1024;
+    let b = Bufs::new(&gpu, n);
+    alloc(&gpu, &h, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    fill_check(&gpu, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    let base = h.handle().data;
+    let in_hole = b
+        .ptrs(n)
+        .iter()
+        .filter(|&&p| p >= base + start as u64)
+        .count();
+    assert!(
+        in_hole > n as usize / 2,
+        "{in_hole} blocks where the hole was"
+    );
+    free(&gpu, &h, &b, n);
+
+    // Trimmed on a stream again, then between launches: holes at the end
+    // go, and the heap grows over their pages again.
+    h.trim_on(&gpu, &work, start).unwrap();
+    assert_eq!(h.finish_trims(true).unwrap(), (1 << 30) - start);
+    // SAFETY: every launch on this heap was waited for.
+    assert_eq!(unsafe { h.trim(start) }.unwrap(), start);
+    // A hole at the end again, then a reset. (Growth maps a banked
+    // piece whole: the 960 MiB the last trim gave back.)
+    let grown = h.grow(512 << 20).unwrap();
+    assert!(grown >= 512 << 20, "{grown}");
+    alloc(&gpu, &h, &b, 1024, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    free(&gpu, &h, &b, 1024);
+    h.trim_on(&gpu, &work, start).unwrap();
+    assert_eq!(h.finish_trims(true).unwrap(), grown - start);
+    // SAFETY: as above.
+    unsafe { h.reset() }.unwrap();
+    assert_eq!(h.capacity(), start);
+    let cap = h.capacity();
+    let svc = h.serve().unwrap();
+    alloc(&gpu, &h, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    fill_check(&gpu, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    svc.stop().unwrap();
+    free(&gpu, &h, &b, n);
+    println!(
+        "trim on a stream: {} MiB back to the bank while a kernel held 8 MiB of the heap; the pool reused it (created {} MiB in all); after a reset the heap had {} MiB and grew to {} MiB in a launch",
+        back >> 20,
+        res.stats().created >> 20,
+        cap >> 20,
+        h.capacity() >> 20
+    );
+}
+
+/// Twenty rounds of growth, a kernel that fills and frees the growth,
+/// and a trim on a stream: each gives the growth back, the next maps
+/// the memory the last gave back (no new memory after the first round),
+/// and the holes never use up the heap's range (4x one round's growth).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn rounds_of_growth_and_trims_on_a_stream_leak_nothing() {
+    let _one = one_at_a_time();
+    use cuheap::Reservation;
+    let gpu = gpu();
+    let res = Reservation::new(gpu.context(), 16 << 30).unwrap();
+    let start = 64usize << 20;
+    let h = DeviceHeap::growable_in(&gpu, &res, start, 2 << 30).unwrap();
+    let stream = gpu.context().new_stream().unwrap();
+    let n = 384 * 1024;
+    let b = Bufs::new(&gpu, n);
+    let mut created = Vec::new();
+    for round in 0..20 {
+        assert_eq!(h.grow(512 << 20).unwrap(), 512 << 20, "round {round}");
+        alloc(&gpu, &h, &b, n, 1024);
+        assert_eq!(b.take_errors(), [0, 0], "round {round}");
+        fill_check(&gpu, &b, n, 1024);
+        assert_eq!(b.take_errors(), [0, 0], "round {round}");
+        free(&gpu, &h, &b, n);
+        h.trim_on(&gpu, &stream, start).unwrap();
+        assert_eq!(
+            h.finish_trims(true).unwrap(),
+            (512 << 20) - start,
+            "round {round}"
+        );
+        assert_eq!(h.capacity(), start, "round {round}");
+        created.push(res.stats().created);
+    }
+    assert!(
+        created.windows(2).all(|w| w[0] == w[1]),
+        "new memory after the first round: {created:?}"
+    );
+    let s = res.stats();
+    assert_eq!(s.heap_mapped, start, "{s:?}");
+    println!("20 rounds of growth to 512 MiB and trims on a stream: {s:?}");
+}

@@ -337,3 +337,92 @@ fn an_emptied_small_heap_serves_a_near_full_load_of_its_largest_pages() {
         assert!(heap.stats().is_empty());
     }
 }
+
+/// A trim while threads allocate and free (what a device heap's trim on a
+/// stream does beside running kernels): an owner thread retires the empty
+/// pages slots and lists hold, fences every free range of 32 pages it can,
+/// overwrites all of the ranges it fenced (as an unmapping would take
+/// their memory away), then gives them back; the threads' blocks must
+/// keep their contents throughout.
+#[test]
+fn fenced_ranges_hold_no_block_while_threads_allocate() {
+    const PAGES: u32 = 512;
+    const RANGE: u32 = 32;
+    const SLOTS: u32 = 4;
+    let owned = OwnedHeap::<u64>::new(PAGES, SLOTS).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (fenced_total, refused) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|sc| {
+        for t in 0..3usize {
+            let (owned, stop, refused) = (&owned, &stop, &refused);
+            sc.spawn(move || {
+                let heap = owned.heap();
+                let mut rng = 0x2545_F491_4F6C_DD1Du64 ^ ((t as u64 + 1) << 20);
+                let mut live: Vec<(*mut u8, usize)> = Vec::new();
+                let id = t as u8 + 1;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = xorshift(&mut rng);
+                    if live.len() < 48 && (r & 1 == 0 || live.is_empty()) {
+                        // Class blocks of up to 4 KiB, and a span of up
+                        // to two pages in 16.
+                        let max = if r >> 60 == 0 { 2 * PAGE_SIZE } else { 4096 };
+                        let size = 1 + (r >> 8) as usize % max;
+                        match heap.alloc(size, t as u32) {
+                            Ok(p) => {
+                                let n = size.min(256);
+                                // SAFETY: a fresh block of at least `size` bytes.
+                                unsafe { p.write_bytes(id, n) };
+                                live.push((p, n));
+                            }
+                            Err(_) => _ = refused.fetch_add(1, Ordering::Relaxed),
+                        }
+                    } else {
+                        let (p, n) = live.swap_remove((r >> 16) as usize % live.len());
+                        // SAFETY: p is live and holds n bytes this thread wrote.
+                        let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+                        assert!(bytes.iter().all(|&b| b == id), "a block in a fenced range");
+                        heap.free(p, t as u32).unwrap();
+                    }
+                }
+                for (p, _) in live {
+                    heap.free(p, t as u32).unwrap();
+                }
+            });
+        }
+        let heap = owned.heap();
+        let data = heap.handle().data as *mut u8;
+        for _ in 0..300 {
+            heap.scavenge_slots(0, SLOTS);
+            let fenced: Vec<u32> = (0..PAGES / RANGE)
+                .filter(|&r| heap.fence(r * RANGE, (r + 1) * RANGE))
+                .collect();
+            for &r in &fenced {
+                // Every 16th byte: each block's first byte at least.
+                for off in (0..(RANGE as usize * PAGE_SIZE)).step_by(16) {
+                    // SAFETY: inside the heap's data; the fence keeps every
+                    // block out of the range until it is unfenced below.
+                    unsafe {
+                        data.add((r * RANGE) as usize * PAGE_SIZE + off)
+                            .write_volatile(0xEE)
+                    };
+                }
+            }
+            std::thread::yield_now();
+            for &r in &fenced {
+                // SAFETY: this thread fenced the range above.
+                unsafe { heap.unfence(r * RANGE, (r + 1) * RANGE) };
+            }
+            fenced_total.fetch_add(fenced.len() as u64, Ordering::Relaxed);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let heap = owned.heap();
+    heap.check_invariants().unwrap();
+    assert!(heap.stats().is_empty(), "blocks lost: {:?}", heap.stats());
+    let fenced = fenced_total.load(Ordering::Relaxed);
+    assert!(fenced >= 300, "only {fenced} ranges fenced in 300 rounds");
+    println!(
+        "{fenced} ranges of {RANGE} pages fenced and overwritten; {} allocations refused meanwhile",
+        refused.load(Ordering::Relaxed)
+    );
+}

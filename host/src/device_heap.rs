@@ -16,6 +16,7 @@ use crate::driver::{DeviceMemory, Gpu, Param};
 use crate::error::{Context, Error, Result};
 use crate::growth::{Grower, GrowthService, GrowthStats};
 use crate::vmm::{Part, Region, Reservation, VmmRegion};
+use cudarc::driver::CudaStream;
 
 /// Mapping unit of a growable heap's range (steps map many at once).
 const GROWTH_CHUNK: usize = 2 << 20;
@@ -139,7 +140,12 @@ impl DeviceHeap {
         let heap = DeviceHeap {
             ctx: gpu.context().clone(),
             meta,
-            data: Data::Growable(Grower::new(gpu.context(), region, counters)?),
+            data: Data::Growable(Grower::new(
+                gpu.context(),
+                region,
+                counters,
+                HeapArg::from(handle),
+            )?),
             handle,
             layout,
             placement: std::sync::Mutex::new(0),
@@ -212,7 +218,7 @@ impl DeviceHeap {
             return Ok(self.capacity());
         }
         match &self.data {
-            Data::Growable(g) if want <= g.region.reserved() => self.grow(want),
+            Data::Growable(g) if want <= g.room() => self.grow(want),
             _ => Err(self.short_of(want - self.capacity())),
         }
     }
@@ -260,7 +266,7 @@ impl DeviceHeap {
             let target = cap
                 .saturating_mul(2)
                 .max(cap.saturating_add((bytes as usize).saturating_mul(2)))
-                .min(g.region.reserved());
+                .min(g.room());
             if target <= cap {
                 return Err(self.short_of(bytes as usize));
             }
@@ -387,12 +393,63 @@ impl DeviceHeap {
     /// which does not wait for non-blocking streams), and blocks it holds
     /// would be handed out again.
     pub unsafe fn reset(&self) -> Result<()> {
-        self.meta.zero()?;
+        let Data::Growable(g) = &self.data else {
+            self.meta.zero()?;
+            return self.restore_placement();
+        };
+        g.finish_trims(true)?;
+        g.exclusive(|| {
+            // Holes at the end go; the pages of those before mapped memory
+            // stay fenced in the cleared metadata.
+            if let Some((at, _)) = g.region.trailing_hole() {
+                // SAFETY: holes hold no memory.
+                unsafe { g.region.shrink_to(at) }?;
+            }
+            let holes = g.region.holes();
+            if holes.is_empty() {
+                return self.meta.zero();
+            }
+            self.with_host_copy(false, |heap| {
+                for &(at, len) in &holes {
+                    let fenced =
+                        heap.fence((at / PAGE_SIZE) as u32, ((at + len) / PAGE_SIZE) as u32);
+                    debug_assert!(fenced, "a cleared page map has every page free");
+                }
+                Ok(())
+            })
+        })?;
         self.restore_placement()?;
-        if let Data::Growable(g) = &self.data {
-            g.restore()?;
+        g.restore()
+    }
+
+    /// Runs `f` on a view of a host copy of the heap's metadata (read
+    /// from the device, or zeroed when `read` is false), then writes the
+    /// copy back.
+    fn with_host_copy<T>(
+        &self,
+        read: bool,
+        f: impl FnOnce(&Heap<'_, u32>) -> Result<T>,
+    ) -> Result<T> {
+        let mut meta = vec![MetaLine([0; 128]); self.layout.meta_bytes.div_ceil(128)];
+        if read {
+            // SAFETY: plain bytes.
+            let bytes = unsafe { as_bytes_mut(&mut meta) };
+            self.meta.read(0, &mut bytes[..self.layout.meta_bytes])?;
         }
-        Ok(())
+        let host = HeapHandle {
+            meta: meta.as_ptr() as u64,
+            ..self.handle
+        };
+        // SAFETY: `meta` is a copy of the heap's metadata, 128-byte
+        // aligned and as long as the layout says; the view only touches
+        // metadata (never the data region, whose addresses are the
+        // device's), and nothing else uses the copy meanwhile.
+        let heap = unsafe { Heap::<u32>::from_handle(&host) };
+        let out = f(&heap);
+        // SAFETY: plain bytes.
+        let bytes = unsafe { as_bytes_mut(&mut meta) };
+        self.meta.write(0, &bytes[..self.layout.meta_bytes])?;
+        out
     }
 
     /// Gives back the memory at the end of a growable heap that no block
@@ -420,60 +477,112 @@ impl DeviceHeap {
         let Data::Growable(g) = &self.data else {
             return Ok(self.capacity());
         };
+        g.finish_trims(true)?;
         g.exclusive(|| {
-            let mut meta = vec![MetaLine([0; 128]); self.layout.meta_bytes.div_ceil(128)];
-            // SAFETY: plain bytes.
-            let bytes = unsafe { as_bytes_mut(&mut meta) };
-            self.meta.read(0, &mut bytes[..self.layout.meta_bytes])?;
-            let host = HeapHandle {
-                meta: meta.as_ptr() as u64,
-                ..self.handle
-            };
-            // SAFETY: `meta` is a copy of the heap's metadata, 128-byte
-            // aligned and as long as the layout says; the view only touches
-            // metadata (never the data region, whose addresses are the
-            // device's), and nothing else uses the copy meanwhile.
-            let heap = unsafe { Heap::<u32>::from_handle(&host) };
-            heap.scavenge();
             let region = &g.region;
-            let mut failed = Ok(());
-            while let Some((start, len)) = region.last_extent() {
-                let (from, to) = (
-                    (start / PAGE_SIZE) as u32,
-                    ((start + len) / PAGE_SIZE) as u32,
-                );
-                if start < keep.max(PAGE_SIZE) || heap.any_in_use(from, to) {
-                    break;
+            let out = self.with_host_copy(true, |heap| {
+                heap.scavenge();
+                let page = |bytes: usize| (bytes / PAGE_SIZE) as u32;
+                loop {
+                    // Holes at the end (a trim while kernels ran) go first:
+                    // their pages are fenced, and unfenced here, where no
+                    // kernel runs, so that growth can map them again.
+                    if let Some((at, len)) = region.trailing_hole() {
+                        // SAFETY: holes hold no memory.
+                        unsafe { region.shrink_to(at) }?;
+                        // SAFETY: a trim fenced these pages (all of them:
+                        // it unmaps only what it fenced) and nothing uses
+                        // them; no kernel runs (the caller's contract).
+                        unsafe { heap.unfence(page(at), page(at + len)) };
+                        continue;
+                    }
+                    let Some((start, len)) = region.last_extent() else {
+                        break;
+                    };
+                    if start < keep.max(PAGE_SIZE)
+                        || heap.any_in_use(page(start), page(start + len))
+                    {
+                        break;
+                    }
+                    // SAFETY: no page of the step is in use (the page map,
+                    // after the scavenge) and no kernel runs (the caller's
+                    // contract); the limit written below keeps later claims
+                    // out of it.
+                    unsafe { region.shrink_to(start) }?;
+                    // Holes before the step go with it: their pages too.
+                    let end = region.end();
+                    if end < start {
+                        // SAFETY: as for the holes at the end above.
+                        unsafe { heap.unfence(page(end), page(start)) };
+                    }
                 }
-                // SAFETY: no page of the step is in use (the page map, after
-                // the scavenge) and no kernel runs (the caller's contract);
-                // the limit written below keeps later claims out of it.
-                if let Err(e) = unsafe { region.shrink_to(start) } {
-                    failed = Err(e);
-                    break;
-                }
-            }
-            // The limit is what is mapped now: lowered past what went, and
-            // raised over memory a failed step mapped but did not publish.
-            heap.set_limit((region.mapped() / PAGE_SIZE) as u32);
-            // Asks from before stand above the new limit: drop them, or
-            // they would keep new asks from ringing (see `restore`).
-            let c = heap.counters();
-            let limit = heap.limit() as u64;
-            c.grow_want
-                .store(limit, std::sync::atomic::Ordering::Relaxed);
-            c.grow_rung
-                .store(limit, std::sync::atomic::Ordering::Relaxed);
-            // Fresh pages are searched for in the whole heap again.
-            c.grow_floor.store(0, std::sync::atomic::Ordering::Relaxed);
-            g.published_as(region.mapped());
-            // SAFETY: plain bytes.
-            let bytes = unsafe { as_bytes_mut(&mut meta) };
-            self.meta.write(0, &bytes[..self.layout.meta_bytes])?;
+                Ok(())
+            });
+            // Whatever failed, the limit is what the range covers now:
+            // lowered past what went, and raised over memory a failed step
+            // mapped but did not publish.
+            let end = region.end();
+            let limits = self.with_host_copy(true, |heap| {
+                heap.set_limit((end / PAGE_SIZE) as u32);
+                // Asks from before stand above the new limit: drop them, or
+                // they would keep new asks from ringing (see `restore`).
+                let c = heap.counters();
+                let limit = heap.limit() as u64;
+                c.grow_want
+                    .store(limit, std::sync::atomic::Ordering::Relaxed);
+                c.grow_rung
+                    .store(limit, std::sync::atomic::Ordering::Relaxed);
+                // Fresh pages are searched for in the whole heap again.
+                c.grow_floor.store(0, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            });
+            g.published_as(end);
             // A `set_far_lists` since the copy was read wins.
             self.restore_placement()?;
-            failed.map(|()| region.mapped())
+            out.and(limits).map(|()| region.mapped())
         })
+    }
+
+    /// Gives back, in stream order, the memory of a growable heap's steps
+    /// that no block uses, keeping at least `keep` bytes mapped, while
+    /// kernels on other streams go on using the heap: after the work
+    /// queued on `stream`, a kernel retires the empty pages that slots
+    /// and lists hold and fences each step it finds free (from the end),
+    /// so no allocation can take its pages; once `stream` gets past it,
+    /// the heap unmaps those steps and their memory goes to the device, or
+    /// for a heap in a shared [`Reservation`], to its bank, where the
+    /// reservation's pool maps it first. The host never waits: the memory
+    /// goes at the heap's next call that looks ([`DeviceHeap::finish_trims`],
+    /// [`DeviceHeap::grow`], [`DeviceHeap::trim`], [`DeviceHeap::reset`])
+    /// or from its growth service's thread.
+    ///
+    /// A step given back this way stays a hole in the heap's range: growth
+    /// maps past it (the range is address space, and reserving plenty
+    /// costs nothing), and [`DeviceHeap::grow`], or a trim between launches,
+    /// maps a hole at the end again. A step that holds one live block, or
+    /// whose pages a kernel takes first, stays mapped. Blocks keep their
+    /// addresses. A fixed heap keeps its memory.
+    ///
+    /// `gpu`'s module must hold the upkeep kernels (`heap_fence_free`,
+    /// `heap_unfence`), as `cuheap::BENCH_PTX` does (the module of
+    /// `cuheap::open_bench_gpu`), on the heap's device; else
+    /// [`Error::InvalidArgument`]. At most 8 trims wait to be finished at
+    /// once (then [`Error::InvalidArgument`] too: finish them first).
+    pub fn trim_on(&self, gpu: &Gpu, stream: &Arc<CudaStream>, keep: usize) -> Result<()> {
+        match &self.data {
+            Data::Growable(g) => g.trim_on(gpu, stream, keep),
+            Data::Fixed { .. } => Ok(()),
+        }
+    }
+
+    /// Unmaps what the trims queued by [`DeviceHeap::trim_on`] fenced,
+    /// for those whose streams got past them (with `wait`, for all, after
+    /// waiting for them). Returns the bytes given back.
+    pub fn finish_trims(&self, wait: bool) -> Result<usize> {
+        match &self.data {
+            Data::Growable(g) => g.finish_trims(wait),
+            Data::Fixed { .. } => Ok(0),
+        }
     }
 
     /// Reads the heap's counts (synchronous): allocations and frees ever,
@@ -508,14 +617,38 @@ impl DeviceHeap {
 
     /// Reads the heap's statistics after a launch (synchronous copy).
     pub fn stats(&self) -> Result<Stats> {
-        // Pages past the mapped part are neither free nor in use.
-        let n = self.capacity() / PAGE_SIZE;
+        // Pages past the mapped part, and in holes, are neither free nor
+        // in use.
+        let mapped = match &self.data {
+            Data::Fixed { .. } => vec![(0, self.capacity())],
+            Data::Growable(g) => {
+                g.finish_trims(false)?;
+                g.region.mappings()
+            }
+        };
+        let n = mapped.iter().map(|m| m.1).sum::<usize>() / PAGE_SIZE;
         let mut descs: Vec<PageDesc> = (0..n).map(|_| PageDesc::new()).collect();
-        // SAFETY: PageDesc is #[repr(C)] integer atomics: any bytes the
-        // device holds are a valid value.
-        let bytes = unsafe { as_bytes_mut(&mut descs) };
-        self.meta.read(self.layout.descs, bytes)?;
+        let mut at = 0;
+        for (start, len) in mapped {
+            let (from, pages) = (start / PAGE_SIZE, len / PAGE_SIZE);
+            // SAFETY: PageDesc is #[repr(C)] integer atomics: any bytes the
+            // device holds are a valid value.
+            let bytes = unsafe { as_bytes_mut(&mut descs[at..at + pages]) };
+            let offset = self.layout.descs + from * size_of::<PageDesc>();
+            self.meta.read(offset, bytes)?;
+            at += pages;
+        }
         Ok(Stats::collect(&descs, &self.counters()?))
+    }
+}
+
+impl Drop for DeviceHeap {
+    fn drop(&mut self) {
+        // A trim queued on a stream still reads the metadata: wait for it
+        // (and give back what it fenced) before the memory goes.
+        if let Data::Growable(g) = &self.data {
+            let _ = g.finish_trims(true);
+        }
     }
 }
 

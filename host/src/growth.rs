@@ -15,56 +15,73 @@
 //! new limit with a copy on its own stream, which runs beside the kernel.
 //! The kernel's waiting threads poll the limit in device memory.
 
+use crate::device_heap::HeapArg;
 use crate::driver::memory::{copy_from_device_on, copy_to_device_on};
+use crate::driver::{DevicePtr, Gpu, Kernel, LaunchConfig};
 use crate::error::{Context, Error, Result};
 use crate::vmm::VmmRegion;
-use cudarc::driver::{sys, CudaContext, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use cuheap_core::{Counters, PAGE_SIZE};
 use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// A word of pinned host memory that kernels can write: the doorbell.
-struct Doorbell {
+/// Pinned host memory mapped into the device: the doorbell kernels ring,
+/// and the slots where trim kernels read ranges and report on them.
+struct Pinned {
     host: *mut u64,
+    words: usize,
     device: u64,
     ctx: Arc<CudaContext>,
 }
 
 // SAFETY: the pointer is to pinned memory owned by this value, read with
 // volatile loads only; the driver calls are thread-safe.
-unsafe impl Send for Doorbell {}
+unsafe impl Send for Pinned {}
 // SAFETY: as above.
-unsafe impl Sync for Doorbell {}
+unsafe impl Sync for Pinned {}
 
-impl Doorbell {
-    fn new(ctx: &Arc<CudaContext>) -> Result<Doorbell> {
+impl Pinned {
+    /// `words` zeroed words (at least one).
+    fn new(ctx: &Arc<CudaContext>, words: usize) -> Result<Pinned> {
         crate::driver::bind(ctx)?;
+        let words = words.max(1);
         let mut p = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: out-parameter; 64 bytes of pinned memory, freed on drop.
-        unsafe { sys::cuMemHostAlloc(&mut p, 64, flags) }
+        // SAFETY: out-parameter; `words` words of pinned memory, freed on drop.
+        unsafe { sys::cuMemHostAlloc(&mut p, words * 8, flags) }
             .result()
             .during("cuMemHostAlloc")?;
-        let mut bell = Doorbell {
+        let mut pinned = Pinned {
             host: p as *mut u64,
+            words,
             device: 0,
             ctx: ctx.clone(),
         };
-        // SAFETY: 64 bytes just allocated, 8-byte aligned (page aligned).
-        unsafe { bell.host.write_volatile(0) };
+        for i in 0..words {
+            pinned.write(i, 0);
+        }
         // SAFETY: out-parameter; `p` is mapped pinned memory.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut bell.device, p, 0) }
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut pinned.device, p, 0) }
             .result()
             .during("cuMemHostGetDevicePointer")?;
-        Ok(bell)
+        Ok(pinned)
     }
 
-    fn read(&self) -> u64 {
-        // SAFETY: a live, aligned word that kernels write whole.
-        unsafe { self.host.read_volatile() }
+    fn read(&self, i: usize) -> u64 {
+        assert!(i < self.words);
+        // SAFETY: a live, aligned word (page-aligned memory, `i` in
+        // bounds) that kernels write whole.
+        unsafe { self.host.add(i).read_volatile() }
+    }
+
+    fn write(&self, i: usize, v: u64) {
+        assert!(i < self.words);
+        // SAFETY: as in `read`; no kernel uses the word meanwhile (the
+        // caller writes before the launch that reads it).
+        unsafe { self.host.add(i).write_volatile(v) }
     }
 }
 
@@ -75,9 +92,9 @@ impl Drop for Grower {
     }
 }
 
-impl Drop for Doorbell {
+impl Drop for Pinned {
     fn drop(&mut self) {
-        // The owner (the heap) outlives every kernel that rings it.
+        // The owner outlives every kernel that uses the memory.
         if crate::driver::bind(&self.ctx).is_ok() {
             // SAFETY: allocated by cuMemHostAlloc, freed once.
             let _ = unsafe { sys::cuMemFreeHost(self.host as *mut _) };
@@ -107,7 +124,7 @@ pub(crate) struct Grower {
     stream: Arc<CudaStream>,
     /// Device address of the heap's [`Counters`].
     counters: u64,
-    bell: Doorbell,
+    bell: Pinned,
     /// Whether a service answers the doorbell (the heap's `grow_bell` is
     /// the doorbell's address then, else 0).
     serving: AtomicBool,
@@ -123,7 +140,51 @@ pub(crate) struct Grower {
     bytes: AtomicU64,
     nanos: AtomicU64,
     refused: Mutex<Option<String>>,
+    /// The heap, as the upkeep kernels take it.
+    handle: HeapArg,
+    /// The upkeep kernels, once a trim while kernels run loaded them.
+    upkeep: Mutex<Option<Upkeep>>,
+    /// Trims queued on streams and not finished, and how many.
+    pending: Mutex<Vec<PendingTrim>>,
+    trims_pending: AtomicUsize,
+    /// Bit `i`: trim slot `i` is taken (from the queueing of a trim until
+    /// its flags are read).
+    slots_taken: AtomicU32,
 }
+
+type FenceArgs = (HeapArg, DevicePtr<u64>, DevicePtr<u32>, u32);
+type UnfenceArgs = (HeapArg, u32, u32);
+
+/// The kernels of a trim while kernels run (`heap_fence_free`,
+/// `heap_unfence`; `kernels/src/upkeep.rs`).
+#[derive(Clone)]
+struct Upkeep {
+    fence: Kernel<FenceArgs>,
+    unfence: Kernel<UnfenceArgs>,
+}
+
+/// A trim queued on a stream: the mappings a kernel fences, the slot of
+/// pinned words it reads them from and reports in (`n` ranges of pages,
+/// then a `u32` flag each), and an event after it. The words are the
+/// heap's for its life: freeing pinned memory waits for the whole device,
+/// kernels that run for long included.
+struct PendingTrim {
+    extents: Vec<(usize, usize)>,
+    slot: usize,
+    event: CudaEvent,
+}
+
+/// Trims queued and not finished at once, at most (each has a slot of
+/// pinned words beside the doorbell).
+const TRIM_SLOTS: usize = 8;
+/// Pinned words a trim's slot holds: ranges, then a `u32` flag each.
+const SLOT_WORDS: usize = 384;
+/// Mappings one trim looks at, at most (the last ones): growth steps are
+/// geometric, so a heap has few.
+const TRIM_EXTENTS: usize = SLOT_WORDS * 2 / 3;
+/// Where the trims' slots start among the pinned words (after the
+/// doorbell's).
+const SLOTS_AT: usize = 8;
 
 /// The words of [`Counters`], as the host copies them.
 const WORDS: usize = size_of::<Counters>() / 8;
@@ -133,6 +194,7 @@ impl Grower {
         ctx: &Arc<CudaContext>,
         region: VmmRegion,
         counters: u64,
+        handle: HeapArg,
     ) -> Result<Arc<Grower>> {
         crate::driver::before_bind();
         let stream = ctx.new_stream().during("cuStreamCreate")?;
@@ -140,7 +202,7 @@ impl Grower {
             region,
             stream,
             counters,
-            bell: Doorbell::new(ctx)?,
+            bell: Pinned::new(ctx, SLOTS_AT + TRIM_SLOTS * SLOT_WORDS)?,
             serving: AtomicBool::new(false),
             capped: AtomicBool::new(false),
             published: AtomicUsize::new(0),
@@ -151,6 +213,11 @@ impl Grower {
             bytes: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
             refused: Mutex::new(None),
+            handle,
+            upkeep: Mutex::new(None),
+            pending: Mutex::new(Vec::new()),
+            trims_pending: AtomicUsize::new(0),
+            slots_taken: AtomicU32::new(0),
         }))
     }
 
@@ -177,28 +244,248 @@ impl Grower {
     }
 
     /// Maps memory until `bytes` are usable (one step) and publishes the
-    /// new page limit. Returns the usable bytes.
+    /// new page limit. Returns the usable bytes. Called from the host
+    /// (not the service): a hole at the end of the range, left by a trim
+    /// while kernels ran, is mapped again first and its pages unfenced by
+    /// a kernel on the grower's stream, ahead of the limit's write.
     pub(crate) fn grow(&self, bytes: usize) -> Result<usize> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let holes = self.region.end() - self.region.mapped();
+        self.grow_locked(bytes.saturating_add(holes), true)?;
+        Ok(self.region.mapped())
+    }
+
+    /// Bytes that can be usable at most: the range less its holes.
+    pub(crate) fn room(&self) -> usize {
+        self.region.reserved() - (self.region.end() - self.region.mapped())
+    }
+
+    /// Maps memory until the range's end reaches `end` (one step), and
+    /// publishes the new page limit (the end: pages of holes are fenced).
+    /// With `reclaim`, a hole at the end is mapped again (and at least
+    /// all of it) and its pages unfenced, if the kernels that do it were
+    /// loaded (by a trim while kernels ran, the only maker of holes).
+    /// Returns the range's end. The caller holds `lock`.
+    fn grow_locked(&self, end: usize, reclaim: bool) -> Result<usize> {
         let t = Instant::now();
-        let before = self.region.mapped();
-        let mapped = self
-            .region
-            .grow_at_once(bytes.min(self.region.reserved()))?;
+        let (before, mapped_before) = (self.region.end(), self.region.mapped());
+        let upkeep = self
+            .upkeep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut target = end;
+        let mut hole = None;
+        if let (true, Some(k), Some((at, len))) = (reclaim, &upkeep, self.region.trailing_hole()) {
+            if end > before {
+                // SAFETY: holes hold no memory; their pages stay fenced.
+                unsafe { self.region.shrink_to(at) }?;
+                target = (end - len).max(at + len);
+                hole = Some((k, at, at + len));
+            }
+        }
+        let grown = self.region.grow_at_once(target.min(self.region.reserved()));
+        if let Some((k, at, hole_end)) = hole {
+            let now = self.region.end();
+            if now < hole_end {
+                // What was not mapped again stays a hole, fenced.
+                self.region.extend_hole(hole_end - now);
+            }
+            let (from, to) = (at / PAGE_SIZE, now.min(hole_end) / PAGE_SIZE);
+            if from < to {
+                let cfg = LaunchConfig::for_threads(1).on(&self.stream);
+                // SAFETY: the heap outlives the launch (its grower holds
+                // the stream); pages `from..to` were fenced by a trim and
+                // have memory mapped behind them again.
+                unsafe {
+                    k.unfence
+                        .launch(&cfg, (self.handle, from as u32, to as u32))
+                }?;
+            }
+        }
+        let now = grown?;
         let published = self.published.load(Ordering::Acquire);
-        if mapped > before || published < mapped {
-            self.publish_limit(mapped, published)?;
+        if now > before || published < now {
+            // On the grower's stream: after the unfence above.
+            self.publish_limit(now, published)?;
             if self.capped.swap(false, Ordering::AcqRel) {
                 // Memory came back: let running kernels ask again.
                 self.write(offset_of!(Counters, grow_cap), 0)?;
             }
             self.steps.fetch_add(1, Ordering::Relaxed);
-            self.bytes
-                .fetch_add((mapped - before) as u64, Ordering::Relaxed);
+            let added = self.region.mapped().saturating_sub(mapped_before);
+            self.bytes.fetch_add(added as u64, Ordering::Relaxed);
             self.nanos
                 .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
-        Ok(mapped)
+        Ok(now)
+    }
+
+    /// The kernels a trim while kernels run uses, from `gpu`'s module
+    /// (loaded once).
+    fn load_upkeep(&self, gpu: &Gpu) -> Result<Upkeep> {
+        let mut k = self.upkeep.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = &*k {
+            return Ok(k.clone());
+        }
+        if gpu.context().cu_device() != self.stream.context().cu_device() {
+            return Err(Error::InvalidArgument(
+                "the GPU is another device than the heap's".into(),
+            ));
+        }
+        let missing = |e: Error| {
+            Error::InvalidArgument(format!(
+                "the GPU's module lacks the heap's upkeep kernels (heap_fence_free, \
+                 heap_unfence; they are in cuheap::BENCH_PTX, which \
+                 cuheap::open_bench_gpu loads): {e}"
+            ))
+        };
+        let loaded = Upkeep {
+            fence: gpu.kernel("heap_fence_free").map_err(missing)?,
+            unfence: gpu.kernel("heap_unfence").map_err(missing)?,
+        };
+        *k = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Queues a trim on `stream` (see `DeviceHeap::trim_on`): after the
+    /// work queued there, a kernel retires the empty pages slots and lists
+    /// hold and fences every mapping it can, from the end, while at least
+    /// `keep` bytes stay mapped; [`Grower::finish_trims`] unmaps those it
+    /// fenced once the stream gets past it.
+    pub(crate) fn trim_on(&self, gpu: &Gpu, stream: &Arc<CudaStream>, keep: usize) -> Result<()> {
+        self.finish_trims(false)?;
+        let k = self.load_upkeep(gpu)?;
+        // Locks in this order everywhere: the pending trims, then growth.
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let queued: Vec<usize> = (pending.iter())
+            .flat_map(|t| t.extents.iter().map(|e| e.0))
+            .collect();
+        let taken = self.slots_taken.load(Ordering::Acquire);
+        let Some(slot) = (0..TRIM_SLOTS).find(|i| taken >> i & 1 == 0) else {
+            return Err(Error::InvalidArgument(format!(
+                "{TRIM_SLOTS} trims are queued and not finished: finish them first (finish_trims)"
+            )));
+        };
+        let layout = self.region.layout();
+        let mut left = layout.mapped;
+        let mut extents = Vec::new();
+        for &(at, len) in layout.mappings.iter().rev() {
+            if queued.contains(&at) {
+                left -= len;
+            } else if left.saturating_sub(len) >= keep.max(PAGE_SIZE)
+                && extents.len() < TRIM_EXTENTS
+            {
+                left -= len;
+                extents.push((at, len));
+            }
+        }
+        if extents.is_empty() {
+            return Ok(());
+        }
+        // Freed only once its flags are read (`finish_trims`).
+        self.slots_taken.fetch_or(1 << slot, Ordering::AcqRel);
+        let n = extents.len();
+        let words = SLOTS_AT + slot * SLOT_WORDS;
+        for (i, &(at, len)) in extents.iter().enumerate() {
+            let (from, to) = (at / PAGE_SIZE, (at + len) / PAGE_SIZE);
+            self.bell.write(words + i, from as u64 | (to as u64) << 32);
+        }
+        for i in 0..n.div_ceil(2) {
+            self.bell.write(words + n + i, 0);
+        }
+        let device = self.bell.device + 8 * words as u64;
+        let cfg = LaunchConfig::shape((1, 1, 1), (256, 1, 1)).on(stream);
+        let args = (
+            self.handle,
+            DevicePtr::from_raw(device),
+            DevicePtr::from_raw(device + 8 * n as u64),
+            n as u32,
+        );
+        crate::driver::before_bind();
+        let event = stream
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .during("cuEventCreate");
+        // SAFETY: the heap outlives the launch (a pending trim is finished,
+        // waiting for its event, before the heap's memory goes); the slot
+        // holds the `n` ranges and `n` flags, and no other trim uses it
+        // until this one is finished.
+        let launched = event.and_then(|e| unsafe { k.fence.launch(&cfg, args) }.map(|()| e));
+        let event = match launched {
+            Ok(e) => e,
+            Err(e) => {
+                self.slots_taken.fetch_and(!(1 << slot), Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        crate::driver::before_bind();
+        if let Err(e) = event.record(stream).during("cuEventRecord") {
+            // An event never recorded reads as complete: wait for the
+            // kernel here instead, so the trim is finished only after it.
+            stream
+                .synchronize()
+                .during("cuStreamSynchronize")
+                .map_err(|_| e)?;
+        }
+        pending.push(PendingTrim {
+            extents,
+            slot,
+            event,
+        });
+        self.trims_pending.store(pending.len(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Unmaps what the trims whose streams got past them fenced (all of
+    /// them with `wait`, after waiting for them); its memory goes to the
+    /// bank, or to the device. Returns the bytes unmapped. No lock is held
+    /// while it waits: a kernel queued before a trim may wait for growth.
+    pub(crate) fn finish_trims(&self, wait: bool) -> Result<usize> {
+        let mut unmapped = 0;
+        while self.trims_pending.load(Ordering::Acquire) > 0 {
+            let t = {
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                let mut done = None;
+                for (i, t) in pending.iter().enumerate() {
+                    crate::driver::before_bind();
+                    if wait || t.event.try_is_complete().during("cuEventQuery")? {
+                        done = Some(i);
+                        break;
+                    }
+                }
+                let Some(i) = done else { break };
+                let t = pending.swap_remove(i);
+                self.trims_pending.store(pending.len(), Ordering::Release);
+                t
+            };
+            if wait {
+                crate::driver::before_bind();
+                if let Err(e) = t.event.synchronize().during("cuEventSynchronize") {
+                    // Its steps stay mapped and fenced (lost until a reset).
+                    self.slots_taken.fetch_and(!(1 << t.slot), Ordering::AcqRel);
+                    return Err(e);
+                }
+            }
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let (n, words) = (t.extents.len(), SLOTS_AT + t.slot * SLOT_WORDS);
+            let fenced: Vec<bool> = (0..n)
+                .map(|j| self.bell.read(words + n + j / 2) >> (32 * (j % 2)) & u32::MAX as u64 != 0)
+                .collect();
+            self.slots_taken.fetch_and(!(1 << t.slot), Ordering::AcqRel);
+            for (&(at, len), fenced) in t.extents.iter().zip(fenced) {
+                if !fenced {
+                    continue; // a block was in use there
+                }
+                // SAFETY: the kernel fenced every page of the mapping (no
+                // block is in it, and none can be handed out there again:
+                // the pages stay fenced while it is a hole) and has ended.
+                unsafe { self.region.release(at) }?;
+                unmapped += len;
+            }
+        }
+        Ok(unmapped)
     }
 
     /// Runs `f` with growth held off (no step maps meanwhile).
@@ -226,7 +513,7 @@ impl Grower {
     /// page limit, no growth cap, and the doorbell while a service runs.
     pub(crate) fn restore(&self) -> Result<()> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let mapped = self.region.mapped();
+        let mapped = self.region.end();
         self.publish_limit(mapped, 0)?;
         self.capped.store(false, Ordering::Release);
         self.write(offset_of!(Counters, grow_cap), 0)?;
@@ -236,7 +523,7 @@ impl Grower {
         let limit = (mapped / PAGE_SIZE) as u64;
         self.write(offset_of!(Counters, grow_want), limit)?;
         self.write(offset_of!(Counters, grow_rung), limit)?;
-        self.write(offset_of!(Counters, grow_requests), self.bell.read())?;
+        self.write(offset_of!(Counters, grow_requests), self.bell.read(0))?;
         if self.serving.load(Ordering::Acquire) {
             self.write(offset_of!(Counters, grow_bell), self.bell.device)?;
         }
@@ -283,24 +570,32 @@ impl Grower {
         let w = self.read()?;
         let word = |off: usize| w[off / 8];
         let want = word(offset_of!(Counters, grow_want)) as usize;
-        let mapped = self.region.mapped();
-        let limit = mapped / PAGE_SIZE;
+        // The limit is the range's end: pages of holes are fenced.
+        let end = self.region.end();
+        let limit = end / PAGE_SIZE;
         if want <= limit {
             return Ok(()); // answered by an earlier step
         }
         let reserved = self.region.reserved();
         let need = (want * PAGE_SIZE).min(reserved);
-        let step = need.max(mapped.saturating_mul(2)).min(reserved);
-        let grown = match self.grow(step) {
-            Ok(m) => Ok(m),
-            Err(_) => self.grow(need),
+        // At least double the usable memory. Past holes: unfencing theirs
+        // would take a kernel, which a full GPU might not run in time.
+        let step = need
+            .max(end.saturating_add(self.region.mapped()))
+            .min(reserved);
+        let grown = {
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            match self.grow_locked(step, false) {
+                Ok(m) => Ok(m),
+                Err(_) => self.grow_locked(need, false),
+            }
         };
         match grown {
-            Ok(m) if m > mapped => {
+            Ok(m) if m > end => {
                 self.live_steps.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
-            Ok(m) => self.note_refusal(format!("{want} pages asked, {m} bytes mapped")),
+            Ok(m) => self.note_refusal(format!("{want} pages asked, the range ends at {m} bytes")),
             Err(e) => self.note_refusal(format!("{want} pages asked: {e}")),
         }
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -340,7 +635,7 @@ impl GrowthService<'_> {
         let stop = Arc::new(AtomicBool::new(false));
         // Read before the doorbell is published: a ring from a kernel
         // that starts before the thread does is still a change to it.
-        let seen = grower.bell.read();
+        let seen = grower.bell.read(0);
         if let Err(e) = grower.restore() {
             let _ = grower.unserve();
             return Err(e);
@@ -394,7 +689,7 @@ fn serve(g: &Grower, stop: &AtomicBool, mut seen: u64) -> Result<()> {
     crate::driver::bind(g.stream.context())?;
     let mut active = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let t = g.bell.read();
+        let t = g.bell.read(0);
         if t != seen {
             seen = t;
             if let Err(e) = g.answer() {
@@ -407,6 +702,9 @@ fn serve(g: &Grower, stop: &AtomicBool, mut seen: u64) -> Result<()> {
         } else if active.elapsed() < SPIN {
             std::hint::spin_loop();
         } else {
+            // Trims whose streams got past them give their memory back
+            // here too (an error shows at the heap's next call).
+            let _ = g.finish_trims(false);
             std::thread::sleep(NAP);
         }
     }

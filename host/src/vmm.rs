@@ -652,6 +652,65 @@ impl<B: Backend> Region<B> {
         Ok(len)
     }
 
+    /// Unmaps the mapping that starts at `offset` (from `base`), the last
+    /// one included, and gives its memory back at once: to the
+    /// reservation's bank, where its other regions map it first, or to the
+    /// device for a region of its own. The range stays a hole: growth maps
+    /// past the end, and [`Region::shrink_to`] drops holes at the end.
+    /// Returns its length; an offset where no mapping starts is an
+    /// [`Error::InvalidArgument`].
+    ///
+    /// How a device heap gives back memory while kernels run: it fences the
+    /// mapping's pages for good, then unmaps it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Region::punch`].
+    pub unsafe fn release(&self, offset: usize) -> Result<usize> {
+        let mut m = self.lock();
+        let found = m
+            .all(0)
+            .enumerate()
+            .find(|&(_, (at, _, mapped))| at as usize == offset && mapped)
+            .map(|(i, (_, len, _))| (i, len));
+        let Some((i, len)) = found else {
+            return Err(Error::InvalidArgument(format!(
+                "no mapping to release at offset {offset}"
+            )));
+        };
+        // SAFETY: extent `i` is one mapping (the invariant on `Extents`);
+        // the caller guarantees nothing uses it.
+        unsafe { self.res.backend.unmap(self.base + offset as u64, len) }?;
+        let memory = m.list[i].1.take().expect("a mapped extent");
+        m.physical -= len;
+        self.res.note(self.part, -(len as isize));
+        self.res.give(len, memory);
+        Ok(len)
+    }
+
+    /// The holes at the end of the range, as one range: its offset from
+    /// `base` and its length (`None` if the last extent is mapped).
+    pub fn trailing_hole(&self) -> Option<(usize, usize)> {
+        let m = self.lock();
+        let len: usize = (m.list.iter().rev())
+            .take_while(|(_, memory)| memory.is_none())
+            .map(|(len, _)| len)
+            .sum();
+        (len > 0).then(|| (m.end - len, len))
+    }
+
+    /// Extends the range's end by a hole of `len` bytes (whole chunks):
+    /// address space whose pages the owner keeps fenced, which growth maps
+    /// past.
+    pub fn extend_hole(&self, len: usize) {
+        let mut m = self.lock();
+        let len = len.min(self.reserved - m.end);
+        if len > 0 {
+            m.list.push((len, None));
+            m.end += len;
+        }
+    }
+
     /// Gives the spare memory of holes back (to the bank, or the device).
     fn drop_spare(&self, m: &mut Extents<B>) {
         for (len, memory) in std::mem::take(&mut m.spare) {
@@ -784,8 +843,10 @@ impl<B: Backend> Region<B> {
         m.extents(0).map(|(at, len)| (at as usize, len)).collect()
     }
 
-    /// The last mapping: its offset from `base` and its length (never a
-    /// hole: [`Region::shrink_to`] drops holes at the end).
+    /// The last extent: its offset from `base` and its length. A hole
+    /// only after [`Region::release`] of the last mapping
+    /// ([`Region::shrink_to`] drops holes at the end; see
+    /// [`Region::trailing_hole`]).
     pub fn last_extent(&self) -> Option<(usize, usize)> {
         let m = self.lock();
         m.list.last().map(|&(len, _)| (m.end - len, len))
@@ -895,6 +956,56 @@ mod tests {
         }
         assert_eq!(r.last_extent(), None);
         assert_eq!(r.grow_at_once(64 * MIB).unwrap(), 64 * MIB);
+    }
+
+    /// A released mapping, the last one too, leaves a hole and its memory
+    /// goes to the bank at once, where another region maps it; the region
+    /// grows past its holes, and shrinking drops those at the end.
+    #[test]
+    fn a_released_mapping_is_a_hole_and_its_memory_is_banked_at_once() {
+        let res = Reservation::shared(HostBackend::new(64 << 10, usize::MAX), 256 * MIB).unwrap();
+        let heap = Region::within(&res, Part::DeviceHeap, 64 * MIB, 2 * MIB).unwrap();
+        let pool = Region::within(&res, Part::Pool, 64 * MIB, 2 * MIB).unwrap();
+        assert_eq!(heap.grow_at_once(2 * MIB).unwrap(), 2 * MIB);
+        assert_eq!(heap.grow_at_once(8 * MIB).unwrap(), 8 * MIB); // one step of 6 MiB
+        assert_eq!(heap.grow_at_once(12 * MIB).unwrap(), 12 * MIB); // one of 4 MiB
+        assert_eq!(heap.trailing_hole(), None);
+        // SAFETY: nothing uses host-backed test memory.
+        unsafe {
+            assert!(heap.release(MIB).is_err(), "no mapping starts there");
+            assert_eq!(heap.release(2 * MIB).unwrap(), 6 * MIB);
+            assert!(
+                heap.release(2 * MIB).is_err(),
+                "a hole is not released twice"
+            );
+            assert_eq!(heap.release(8 * MIB).unwrap(), 4 * MIB);
+        }
+        assert_eq!((heap.mapped(), heap.end()), (2 * MIB, 12 * MIB));
+        assert_eq!(heap.trailing_hole(), Some((2 * MIB, 10 * MIB)));
+        let s = res.stats();
+        assert_eq!(
+            (s.banked, s.heap_mapped, s.created),
+            (10 * MIB, 2 * MIB, 12 * MIB)
+        );
+        // The pool maps the banked pieces before it creates memory.
+        assert_eq!(pool.grow_at_once(4 * MIB).unwrap(), 4 * MIB);
+        let s = res.stats();
+        assert_eq!(
+            (s.banked, s.pool_mapped, s.created),
+            (6 * MIB, 4 * MIB, 12 * MIB)
+        );
+        // The heap grows past its holes (the rest of the bank first).
+        assert_eq!(heap.grow_at_once(18 * MIB).unwrap(), 18 * MIB);
+        assert_eq!((heap.mapped(), heap.trailing_hole()), (8 * MIB, None));
+        assert_eq!(res.stats().created, 12 * MIB);
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(heap.release(12 * MIB).unwrap(), 6 * MIB);
+            // The holes at the end go; the mapping before them stays.
+            assert_eq!(heap.shrink_to(2 * MIB).unwrap(), 2 * MIB);
+        }
+        assert_eq!((heap.end(), heap.trailing_hole()), (2 * MIB, None));
+        assert_eq!(res.stats().banked, 6 * MIB);
     }
 
     /// A punched mapping leaves a hole that nothing maps again, and its

@@ -25,6 +25,7 @@
 //!   alignment, realloc).
 //! - [`vecs`]: per-thread `Vec`s on the module heap.
 //! - [`spgemm`]: sparse matrix products whose rows are allocated in the kernel.
+//! - [`upkeep`]: a growable heap's upkeep while kernels run (trim, unfence).
 //! - [`entry`]: the `.entry` points of `bench`, `checks`, `vecs` and `spgemm`.
 #![no_std]
 #![feature(stdarch_nvptx, link_llvm_intrinsics, asm_experimental_arch)]
@@ -53,6 +54,8 @@ pub mod entry;
 pub mod module_heap;
 #[cfg(feature = "bench")]
 pub mod spgemm;
+#[cfg(feature = "bench")]
+pub mod upkeep;
 #[cfg(feature = "bench")]
 pub mod vecs;
 

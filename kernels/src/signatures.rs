@@ -399,4 +399,36 @@ signatures! {
     ///
     /// As for `spgemm_analyse`.
     fn spgemm::spgemm_free_malloc(problem: *const Problem);
+
+    /// Retires the empty pages `heap`'s slots and lists hold, then fences
+    /// each range of pages `ranges[i]` (first page in the low 32 bits, end
+    /// in the high), all or none of it, and writes whether it did to
+    /// `fenced[i]`. One block (any number of threads).
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; `ranges` and `fenced` hold
+    /// `n` values; the launch is one block.
+    fn upkeep::heap_fence_free(heap: HeapHandle, ranges: *const u64, fenced: *mut u32, n: u32);
+
+    /// Gives pages `from..to` of `heap` back to service (thread 0).
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; the caller fenced every
+    /// page of `from..to` and has mapped memory behind them again.
+    fn upkeep::heap_unfence(heap: HeapHandle, from: u32, to: u32);
+
+    /// Per thread: allocates `sz` bytes (a multiple of 4) and tags them,
+    /// counts itself in `state[0]`, waits until `state[1]` is nonzero (at
+    /// most 30 s),
+    /// then checks the block, allocates, tags and checks a second one, and
+    /// frees both: blocks held across what the host does meanwhile.
+    ///
+    /// # Safety
+    ///
+    /// `heap` stays live until the kernel ends; `state` holds two `u32`s,
+    /// the second set by the host while the kernel runs; `errors` points
+    /// to two `u32`s.
+    fn upkeep::hold_blocks(heap: HeapHandle, n: u32, sz: u32, state: *mut u32, errors: *mut u32);
 }

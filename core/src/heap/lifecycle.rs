@@ -113,7 +113,7 @@ impl<W: Word> Heap<'_, W> {
     /// [`Heap::scavenge`] on the lists and current pages of `count` slots
     /// from `from` (wrapping).
     #[inline(never)]
-    pub(super) fn scavenge_slots(&self, from: u32, count: u32) -> u32 {
+    pub fn scavenge_slots(&self, from: u32, count: u32) -> u32 {
         let mut retired = 0;
         for slot in self.slots_from(from, count) {
             let empty = per_class(self.slot_row(self.lists(), slot), |h| {
