@@ -635,3 +635,89 @@ fn rounds_of_growth_and_trims_on_a_stream_leak_nothing() {
     assert_eq!(s.heap_mapped, start, "{s:?}");
     println!("20 rounds of growth to 512 MiB and trims on a stream: {s:?}");
 }
+
+/// A trim on a stream whose last step still holds blocks gives back the
+/// free step before it (a hole between mappings); growth from the host
+/// finishes a trim that was not finished yet, maps memory into the hole
+/// again and unfences its pages before it returns: blocks are taken
+/// there at once, and every block checks.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn growth_maps_a_hole_between_steps_again() {
+    let _one = one_at_a_time();
+    use cuheap::Reservation;
+    let gpu = gpu();
+    let res = Reservation::new(gpu.context(), 16 << 30).unwrap();
+    let start = 64usize << 20;
+    let h = DeviceHeap::growable_in(&gpu, &res, start, 4 << 30).unwrap();
+    assert_eq!(h.grow(256 << 20).unwrap(), 256 << 20);
+    assert_eq!(h.grow(1 << 30).unwrap(), 1 << 30);
+    let base = h.handle().data;
+    let (middle, last) = (base + start as u64, base + (256u64 << 20));
+    // Fill most of the heap; keep the blocks of the last step, free the rest.
+    let n = 900 * 1024;
+    let b = Bufs::new(&gpu, n);
+    alloc(&gpu, &h, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    fill_check(&gpu, &b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    let ptrs = b.ptrs(n);
+    let kept: Vec<u64> = ptrs
+        .iter()
+        .map(|&p| if p >= last { p } else { 0 })
+        .collect();
+    let freed: Vec<u64> = ptrs
+        .iter()
+        .map(|&p| if p >= last { 0 } else { p })
+        .collect();
+    assert!(kept.iter().any(|&p| p != 0) && freed.iter().any(|&p| p >= middle));
+    b.ptrs.write(0, &freed).unwrap();
+    free(&gpu, &h, &b, n);
+    // The last step is in use: only the middle one (192 MiB) goes.
+    let stream = gpu.context().new_stream().unwrap();
+    h.trim_on(&gpu, &stream, start).unwrap();
+    stream.synchronize().unwrap();
+    // Not finished yet: `grow` finishes it, then maps the hole again.
+    assert_eq!(h.grow(1 << 30).unwrap(), 1 << 30);
+    let s = res.stats();
+    assert!(
+        s.reused >= 192 << 20,
+        "the hole took the banked step: {s:?}"
+    );
+    assert_eq!(s.banked, 0, "{s:?}");
+    // Blocks come from the hole's pages at once (more than the rest of
+    // the heap holds); all check, and the kept blocks keep their data.
+    let outside = ((1usize << 30) - (192 << 20)) / 1024 - kept.iter().filter(|&&p| p != 0).count();
+    let m = 320 * 1024;
+    let c = Bufs::new(&gpu, m);
+    alloc(&gpu, &h, &c, m, 1024);
+    assert_eq!(c.take_errors(), [0, 0]);
+    fill_check(&gpu, &c, m, 1024);
+    assert_eq!(c.take_errors(), [0, 0]);
+    let in_hole = c
+        .ptrs(m)
+        .iter()
+        .filter(|&&p| p >= middle && p < last)
+        .count();
+    assert!(
+        in_hole > 0 && in_hole + outside >= m as usize,
+        "{in_hole} blocks in the refilled hole, room for {outside} outside it"
+    );
+    b.ptrs.write(0, &kept).unwrap();
+    let check = cuheap::LaunchConfig::for_threads(n);
+    let errors = gpu.alloc_zeroed(8).unwrap();
+    // SAFETY: `b.ptrs` holds the kept blocks (or nulls), each 1 KiB and
+    // live, filled by the check above; `errors` holds two u32s.
+    unsafe {
+        b.kernels
+            .check_blocks(&check, b.ptrs.as_ptr(), n, 1024, 1, errors.as_ptr())
+            .unwrap()
+    };
+    gpu.sync().unwrap();
+    let mut e = [0u32; 2];
+    errors.read(0, &mut e).unwrap();
+    assert_eq!(e[1], 0, "kept blocks lost their data");
+    free(&gpu, &h, &b, n);
+    free(&gpu, &h, &c, m);
+    println!("a hole of 192 MiB between steps in use was mapped again: {in_hole} of {m} blocks there; {s:?}");
+}

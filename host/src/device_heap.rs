@@ -483,13 +483,17 @@ impl DeviceHeap {
             let out = self.with_host_copy(true, |heap| {
                 heap.scavenge();
                 let page = |bytes: usize| (bytes / PAGE_SIZE) as u32;
+                let mut failed = Ok(());
                 loop {
-                    // Holes at the end (a trim while kernels ran) go first:
+                    // Holes at the end (trims while kernels ran) go first:
                     // their pages are fenced, and unfenced here, where no
                     // kernel runs, so that growth can map them again.
                     if let Some((at, len)) = region.trailing_hole() {
                         // SAFETY: holes hold no memory.
-                        unsafe { region.shrink_to(at) }?;
+                        if let Err(e) = unsafe { region.shrink_to(at) } {
+                            failed = Err(e);
+                            break;
+                        }
                         // SAFETY: a trim fenced these pages (all of them:
                         // it unmaps only what it fenced) and nothing uses
                         // them; no kernel runs (the caller's contract).
@@ -508,7 +512,10 @@ impl DeviceHeap {
                     // after the scavenge) and no kernel runs (the caller's
                     // contract); the limit written below keeps later claims
                     // out of it.
-                    unsafe { region.shrink_to(start) }?;
+                    if let Err(e) = unsafe { region.shrink_to(start) } {
+                        failed = Err(e);
+                        break;
+                    }
                     // Holes before the step go with it: their pages too.
                     let end = region.end();
                     if end < start {
@@ -516,14 +523,10 @@ impl DeviceHeap {
                         unsafe { heap.unfence(page(end), page(start)) };
                     }
                 }
-                Ok(())
-            });
-            // Whatever failed, the limit is what the range covers now:
-            // lowered past what went, and raised over memory a failed step
-            // mapped but did not publish.
-            let end = region.end();
-            let limits = self.with_host_copy(true, |heap| {
-                heap.set_limit((end / PAGE_SIZE) as u32);
+                // Whatever failed, the limit is what the range covers now:
+                // lowered past what went, and raised over memory a failed
+                // step mapped but did not publish.
+                heap.set_limit(page(region.end()));
                 // Asks from before stand above the new limit: drop them, or
                 // they would keep new asks from ringing (see `restore`).
                 let c = heap.counters();
@@ -534,12 +537,12 @@ impl DeviceHeap {
                     .store(limit, std::sync::atomic::Ordering::Relaxed);
                 // Fresh pages are searched for in the whole heap again.
                 c.grow_floor.store(0, std::sync::atomic::Ordering::Relaxed);
-                Ok(())
+                failed
             });
-            g.published_as(end);
+            g.published_as(region.end());
             // A `set_far_lists` since the copy was read wins.
             self.restore_placement()?;
-            out.and(limits).map(|()| region.mapped())
+            out.map(|()| region.mapped())
         })
     }
 
@@ -556,11 +559,14 @@ impl DeviceHeap {
     /// [`DeviceHeap::grow`], [`DeviceHeap::trim`], [`DeviceHeap::reset`])
     /// or from its growth service's thread.
     ///
-    /// A step given back this way stays a hole in the heap's range: growth
-    /// maps past it (the range is address space, and reserving plenty
-    /// costs nothing), and [`DeviceHeap::grow`], or a trim between launches,
-    /// maps a hole at the end again. A step that holds one live block, or
-    /// whose pages a kernel takes first, stays mapped. Blocks keep their
+    /// A step given back this way stays a hole in the heap's range, its
+    /// pages fenced: growth while kernels run maps past it (the range is
+    /// address space, and reserving plenty costs nothing);
+    /// [`DeviceHeap::grow`] (from the host, while no growth service runs)
+    /// maps memory into holes again before it maps past them, and unfences
+    /// their pages with a kernel on the heap's stream; a trim between
+    /// launches drops holes at the end. A step that holds one live block,
+    /// or whose pages a kernel takes first, stays mapped. Blocks keep their
     /// addresses. A fixed heap keeps its memory.
     ///
     /// `gpu`'s module must hold the upkeep kernels (`heap_fence_free`,
@@ -647,7 +653,11 @@ impl Drop for DeviceHeap {
         // A trim queued on a stream still reads the metadata: wait for it
         // (and give back what it fenced) before the memory goes.
         if let Data::Growable(g) = &self.data {
-            let _ = g.finish_trims(true);
+            if g.finish_trims(true).is_err() {
+                // A trim's kernel may still run: wait for the device.
+                crate::driver::before_bind();
+                let _ = self.ctx.synchronize();
+            }
         }
     }
 }

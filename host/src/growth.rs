@@ -171,7 +171,9 @@ struct Upkeep {
 struct PendingTrim {
     extents: Vec<(usize, usize)>,
     slot: usize,
-    event: CudaEvent,
+    event: Arc<CudaEvent>,
+    /// A call is finishing it (waiting for its event, or unmapping).
+    finishing: bool,
 }
 
 /// Trims queued and not finished at once, at most (each has a slot of
@@ -243,82 +245,122 @@ impl Grower {
         }
     }
 
-    /// Maps memory until `bytes` are usable (one step) and publishes the
-    /// new page limit. Returns the usable bytes. Called from the host
-    /// (not the service): a hole at the end of the range, left by a trim
-    /// while kernels ran, is mapped again first and its pages unfenced by
-    /// a kernel on the grower's stream, ahead of the limit's write.
+    /// Maps memory until `bytes` are usable and publishes the new page
+    /// limit. Returns the usable bytes. Called from the host (not the
+    /// service): it first finishes the trims whose streams got past them;
+    /// then, unless a growth service runs, it maps memory into holes that
+    /// trims left (in address order, while short of `bytes`) and unfences
+    /// their pages with a kernel on the grower's stream, waited for; then
+    /// it maps the rest at the end (one step).
     pub(crate) fn grow(&self, bytes: usize) -> Result<usize> {
+        self.finish_trims(false)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let t = Instant::now();
+        let mapped_before = self.region.mapped();
+        let refilled = self.refill_holes(bytes)?;
         let holes = self.region.end() - self.region.mapped();
-        self.grow_locked(bytes.saturating_add(holes), true)?;
+        if self.region.mapped() < bytes {
+            self.grow_locked(bytes.saturating_add(holes))?;
+        } else if let Some(first) = refilled {
+            // Fresh pages are searched for from the first hole on.
+            let added = self.region.mapped() - mapped_before;
+            self.count_step(t, added, first)?;
+        }
         Ok(self.region.mapped())
     }
 
-    /// Bytes that can be usable at most: the range less its holes.
-    pub(crate) fn room(&self) -> usize {
-        self.region.reserved() - (self.region.end() - self.region.mapped())
-    }
-
-    /// Maps memory until the range's end reaches `end` (one step), and
-    /// publishes the new page limit (the end: pages of holes are fenced).
-    /// With `reclaim`, a hole at the end is mapped again (and at least
-    /// all of it) and its pages unfenced, if the kernels that do it were
-    /// loaded (by a trim while kernels ran, the only maker of holes).
-    /// Returns the range's end. The caller holds `lock`.
-    fn grow_locked(&self, end: usize, reclaim: bool) -> Result<usize> {
-        let t = Instant::now();
-        let (before, mapped_before) = (self.region.end(), self.region.mapped());
-        let upkeep = self
-            .upkeep
+    /// Whether holes can be mapped again now: the upkeep kernels are
+    /// loaded (by a trim, the only maker of holes) and no service runs
+    /// (a kernel full of threads waiting for growth might not let the
+    /// unfencing kernel run).
+    fn can_refill(&self) -> Option<Upkeep> {
+        if self.serving.load(Ordering::Acquire) {
+            return None;
+        }
+        self.upkeep
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let mut target = end;
-        let mut hole = None;
-        if let (true, Some(k), Some((at, len))) = (reclaim, &upkeep, self.region.trailing_hole()) {
-            if end > before {
-                // SAFETY: holes hold no memory; their pages stay fenced.
-                unsafe { self.region.shrink_to(at) }?;
-                target = (end - len).max(at + len);
-                hole = Some((k, at, at + len));
+            .clone()
+    }
+
+    /// Maps memory into holes, in address order, while fewer than `bytes`
+    /// are usable (see [`Grower::grow`]); returns where the first hole it
+    /// mapped starts. The caller holds `lock`.
+    fn refill_holes(&self, bytes: usize) -> Result<Option<usize>> {
+        let Some(k) = self.can_refill() else {
+            return Ok(None);
+        };
+        let mut unfence = Vec::new();
+        let mut failed = Ok(());
+        for (at, len) in self.region.holes() {
+            if self.region.mapped() >= bytes {
+                break;
             }
+            if let Err(e) = self.region.fill_hole(at) {
+                failed = Err(e);
+                break;
+            }
+            unfence.push((at, len));
         }
-        let grown = self.region.grow_at_once(target.min(self.region.reserved()));
-        if let Some((k, at, hole_end)) = hole {
-            let now = self.region.end();
-            if now < hole_end {
-                // What was not mapped again stays a hole, fenced.
-                self.region.extend_hole(hole_end - now);
-            }
-            let (from, to) = (at / PAGE_SIZE, now.min(hole_end) / PAGE_SIZE);
-            if from < to {
-                let cfg = LaunchConfig::for_threads(1).on(&self.stream);
-                // SAFETY: the heap outlives the launch (its grower holds
-                // the stream); pages `from..to` were fenced by a trim and
-                // have memory mapped behind them again.
-                unsafe {
-                    k.unfence
-                        .launch(&cfg, (self.handle, from as u32, to as u32))
-                }?;
-            }
+        for &(at, len) in &unfence {
+            let (from, to) = (at / PAGE_SIZE, (at + len) / PAGE_SIZE);
+            let cfg = LaunchConfig::for_threads(1).on(&self.stream);
+            // SAFETY: the heap outlives the launch (waited for below);
+            // pages `from..to` were fenced by a trim and have memory
+            // mapped behind them again.
+            unsafe {
+                k.unfence
+                    .launch(&cfg, (self.handle, from as u32, to as u32))
+            }?;
         }
-        let now = grown?;
+        if !unfence.is_empty() {
+            // Launches after `grow` returns find the pages in service.
+            crate::driver::before_bind();
+            self.stream.synchronize().during("cuStreamSynchronize")?;
+        }
+        failed.map(|()| unfence.first().map(|h| h.0))
+    }
+
+    /// Bytes that can be usable at most: the range, less its holes unless
+    /// [`Grower::grow`] can map them again.
+    pub(crate) fn room(&self) -> usize {
+        match self.can_refill() {
+            Some(_) => self.region.reserved(),
+            None => self.region.reserved() - (self.region.end() - self.region.mapped()),
+        }
+    }
+
+    /// Maps memory at the end until the range reaches `end` (one step, past
+    /// any holes), and publishes the new page limit (the end: pages of
+    /// holes are fenced). Returns the range's end. The caller holds
+    /// `lock`.
+    fn grow_locked(&self, end: usize) -> Result<usize> {
+        let t = Instant::now();
+        let (before, mapped_before) = (self.region.end(), self.region.mapped());
+        let now = self.region.grow_at_once(end.min(self.region.reserved()))?;
         let published = self.published.load(Ordering::Acquire);
         if now > before || published < now {
-            // On the grower's stream: after the unfence above.
-            self.publish_limit(now, published)?;
-            if self.capped.swap(false, Ordering::AcqRel) {
-                // Memory came back: let running kernels ask again.
-                self.write(offset_of!(Counters, grow_cap), 0)?;
-            }
-            self.steps.fetch_add(1, Ordering::Relaxed);
             let added = self.region.mapped().saturating_sub(mapped_before);
-            self.bytes.fetch_add(added as u64, Ordering::Relaxed);
-            self.nanos
-                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.count_step(t, added, published)?;
         }
         Ok(now)
+    }
+
+    /// Publishes the limit for the range's end with `floor` beside it
+    /// (where fresh pages are searched for first), lets running kernels
+    /// ask again if a refusal capped growth, and counts a step of `added`
+    /// bytes that began at `t`.
+    fn count_step(&self, t: Instant, added: usize, floor: usize) -> Result<()> {
+        self.publish_limit(self.region.end(), floor)?;
+        if self.capped.swap(false, Ordering::AcqRel) {
+            // Memory came back: let running kernels ask again.
+            self.write(offset_of!(Counters, grow_cap), 0)?;
+        }
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(added as u64, Ordering::Relaxed);
+        self.nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The kernels a trim while kernels run uses, from `gpu`'s module
@@ -359,6 +401,7 @@ impl Grower {
         // Locks in this order everywhere: the pending trims, then growth.
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Steps of trims not finished yet, being finished included.
         let queued: Vec<usize> = (pending.iter())
             .flat_map(|t| t.extents.iter().map(|e| e.0))
             .collect();
@@ -384,8 +427,6 @@ impl Grower {
         if extents.is_empty() {
             return Ok(());
         }
-        // Freed only once its flags are read (`finish_trims`).
-        self.slots_taken.fetch_or(1 << slot, Ordering::AcqRel);
         let n = extents.len();
         let words = SLOTS_AT + slot * SLOT_WORDS;
         for (i, &(at, len)) in extents.iter().enumerate() {
@@ -407,32 +448,24 @@ impl Grower {
         let event = stream
             .context()
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .during("cuEventCreate");
+            .during("cuEventCreate")?;
         // SAFETY: the heap outlives the launch (a pending trim is finished,
         // waiting for its event, before the heap's memory goes); the slot
         // holds the `n` ranges and `n` flags, and no other trim uses it
         // until this one is finished.
-        let launched = event.and_then(|e| unsafe { k.fence.launch(&cfg, args) }.map(|()| e));
-        let event = match launched {
-            Ok(e) => e,
-            Err(e) => {
-                self.slots_taken.fetch_and(!(1 << slot), Ordering::AcqRel);
-                return Err(e);
-            }
-        };
+        unsafe { k.fence.launch(&cfg, args) }?;
+        // From here the kernel may write the slot: it stays taken until
+        // the trim is finished, or for good if the trim cannot be tracked.
+        self.slots_taken.fetch_or(1 << slot, Ordering::AcqRel);
         crate::driver::before_bind();
-        if let Err(e) = event.record(stream).during("cuEventRecord") {
-            // An event never recorded reads as complete: wait for the
-            // kernel here instead, so the trim is finished only after it.
-            stream
-                .synchronize()
-                .during("cuStreamSynchronize")
-                .map_err(|_| e)?;
-        }
+        // If this fails, the steps the kernel fences stay mapped and
+        // fenced (lost to the heap until a reset): the error says so.
+        event.record(stream).during("cuEventRecord")?;
         pending.push(PendingTrim {
             extents,
             slot,
-            event,
+            event: Arc::new(event),
+            finishing: false,
         });
         self.trims_pending.store(pending.len(), Ordering::Release);
         Ok(())
@@ -442,33 +475,46 @@ impl Grower {
     /// them with `wait`, after waiting for them); its memory goes to the
     /// bank, or to the device. Returns the bytes unmapped. No lock is held
     /// while it waits: a kernel queued before a trim may wait for growth.
+    /// A trim being finished stays listed, so no other trim queues its
+    /// steps again meanwhile.
     pub(crate) fn finish_trims(&self, wait: bool) -> Result<usize> {
         let mut unmapped = 0;
+        let mut failed = Ok(());
         while self.trims_pending.load(Ordering::Acquire) > 0 {
-            let t = {
+            let (event, slot) = {
                 let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                 let mut done = None;
-                for (i, t) in pending.iter().enumerate() {
+                for t in pending.iter_mut().filter(|t| !t.finishing) {
                     crate::driver::before_bind();
                     if wait || t.event.try_is_complete().during("cuEventQuery")? {
-                        done = Some(i);
+                        t.finishing = true;
+                        done = Some((t.event.clone(), t.slot));
                         break;
                     }
                 }
-                let Some(i) = done else { break };
-                let t = pending.swap_remove(i);
-                self.trims_pending.store(pending.len(), Ordering::Release);
-                t
+                let Some(found) = done else { break };
+                found
             };
-            if wait {
+            let mut pending = if wait {
                 crate::driver::before_bind();
-                if let Err(e) = t.event.synchronize().during("cuEventSynchronize") {
-                    // Its steps stay mapped and fenced (lost until a reset).
-                    self.slots_taken.fetch_and(!(1 << t.slot), Ordering::AcqRel);
+                let waited = event.synchronize().during("cuEventSynchronize");
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = waited {
+                    // Still queued: a later call may finish it.
+                    if let Some(t) = pending.iter_mut().find(|t| t.slot == slot) {
+                        t.finishing = false;
+                    }
                     return Err(e);
                 }
-            }
+                pending
+            } else {
+                self.pending.lock().unwrap_or_else(|p| p.into_inner())
+            };
             let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let i = (pending.iter().position(|t| t.slot == slot))
+                .expect("a trim being finished stays listed");
+            let t = pending.swap_remove(i);
+            self.trims_pending.store(pending.len(), Ordering::Release);
             let (n, words) = (t.extents.len(), SLOTS_AT + t.slot * SLOT_WORDS);
             let fenced: Vec<bool> = (0..n)
                 .map(|j| self.bell.read(words + n + j / 2) >> (32 * (j % 2)) & u32::MAX as u64 != 0)
@@ -480,12 +526,18 @@ impl Grower {
                 }
                 // SAFETY: the kernel fenced every page of the mapping (no
                 // block is in it, and none can be handed out there again:
-                // the pages stay fenced while it is a hole) and has ended.
-                unsafe { self.region.release(at) }?;
-                unmapped += len;
+                // the pages stay fenced while it is a hole) and has ended;
+                // the mapping is the one it fenced (same offset and length:
+                // the trim stayed listed, so no other trim took the range,
+                // and a hole is mapped again only after this).
+                match unsafe { self.region.release(at, len) } {
+                    Ok(()) => unmapped += len,
+                    // Stays mapped and fenced (lost until a reset).
+                    Err(e) => failed = Err(e),
+                }
             }
         }
-        Ok(unmapped)
+        failed.map(|()| unmapped)
     }
 
     /// Runs `f` with growth held off (no step maps meanwhile).
@@ -585,9 +637,9 @@ impl Grower {
             .min(reserved);
         let grown = {
             let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            match self.grow_locked(step, false) {
+            match self.grow_locked(step) {
                 Ok(m) => Ok(m),
-                Err(_) => self.grow_locked(need, false),
+                Err(_) => self.grow_locked(need),
             }
         };
         match grown {

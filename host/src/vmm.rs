@@ -179,6 +179,13 @@ impl<B: Backend> Reservation<B> {
         Ok((min, memory, false))
     }
 
+    /// A banked piece of exactly `len` bytes, if the bank holds one.
+    fn take_exact(&self, len: usize) -> Option<B::Memory> {
+        let mut b = self.lock();
+        let i = b.kept.iter().position(|(l, _)| *l == len)?;
+        Some(b.kept.swap_remove(i).1)
+    }
+
     /// Memory a region unmapped: banked, or released at once.
     fn give(&self, len: usize, memory: B::Memory) {
         if self.banks {
@@ -420,47 +427,80 @@ impl<B: Backend> Region<B> {
     /// the holes filled before it are returned with it.
     pub fn fill_holes(&self) -> (Vec<(usize, usize)>, Result<()>) {
         let mut m = self.lock();
-        let backend = &self.res.backend;
         let mut filled = Vec::new();
         let holes: Vec<(usize, usize, usize)> = (m.all(0).enumerate())
             .filter(|&(_, (_, _, mapped))| !mapped)
             .map(|(i, (at, len, _))| (i, at as usize, len))
             .collect();
         for (i, at, len) in holes {
-            let spare = m.spare.iter().position(|(l, _)| *l == len);
-            let memory = match spare {
-                Some(k) => m.spare.swap_remove(k).1,
-                None => match backend.create(len) {
-                    Ok(memory) => {
-                        self.res.created.fetch_add(len, Ordering::Relaxed);
-                        self.res.note(self.part, len as isize);
-                        m.physical += len;
-                        memory
-                    }
-                    Err(e) => return (filled, Err(e)),
-                },
-            };
-            let addr = self.base + at as u64;
-            // SAFETY: the hole is inside the region and nothing is mapped
-            // there (the invariant on `Extents`).
-            if let Err(e) = unsafe { backend.map(addr, len, &memory) } {
-                m.spare.push((len, memory)); // still held, still counted
+            if let Err(e) = self.fill(&mut m, i, at, len) {
                 return (filled, Err(e));
             }
-            // SAFETY: just mapped.
-            if let Err(e) = unsafe { backend.set_access(addr, len, &m.peers) } {
-                // SAFETY: mapped above, used by nothing yet.
-                match unsafe { backend.unmap(addr, len) } {
-                    Ok(()) => m.spare.push((len, memory)),
-                    // Still mapped: never hand it out again (it leaks).
-                    Err(_) => std::mem::forget(memory),
-                }
-                return (filled, Err(e));
-            }
-            m.list[i].1 = Some(memory);
             filled.push((at, len));
         }
         (filled, Ok(()))
+    }
+
+    /// Maps memory into the hole at `offset` (from `base`): a spare piece
+    /// of its length, else a banked one, else new memory. Returns its
+    /// length; an offset where no hole starts is an
+    /// [`Error::InvalidArgument`]. The owner may hand its range out again
+    /// (once it unfences its pages).
+    pub fn fill_hole(&self, offset: usize) -> Result<usize> {
+        let mut m = self.lock();
+        let found = (m.all(0).enumerate())
+            .find(|&(_, (at, _, mapped))| at as usize == offset && !mapped)
+            .map(|(i, (_, len, _))| (i, len));
+        let Some((i, len)) = found else {
+            return Err(Error::InvalidArgument(format!(
+                "no hole to fill at offset {offset}"
+            )));
+        };
+        self.fill(&mut m, i, offset, len).map(|()| len)
+    }
+
+    /// Maps memory into hole `i` of `m` (`at`, `len` from `base`): a spare
+    /// piece of its length, else a banked one, else new memory.
+    fn fill(&self, m: &mut Extents<B>, i: usize, at: usize, len: usize) -> Result<()> {
+        let backend = &self.res.backend;
+        let memory = match m.spare.iter().position(|(l, _)| *l == len) {
+            Some(k) => m.spare.swap_remove(k).1,
+            None => {
+                let memory = match self.res.take_exact(len) {
+                    Some(memory) => {
+                        self.res.reused.fetch_add(len, Ordering::Relaxed);
+                        memory
+                    }
+                    None => {
+                        let memory = backend.create(len)?;
+                        self.res.created.fetch_add(len, Ordering::Relaxed);
+                        memory
+                    }
+                };
+                self.res.note(self.part, len as isize);
+                m.physical += len;
+                memory
+            }
+        };
+        let addr = self.base + at as u64;
+        // SAFETY: the hole is inside the region and nothing is mapped
+        // there (the invariant on `Extents`).
+        if let Err(e) = unsafe { backend.map(addr, len, &memory) } {
+            m.spare.push((len, memory)); // still held, still counted
+            return Err(e);
+        }
+        // SAFETY: just mapped.
+        if let Err(e) = unsafe { backend.set_access(addr, len, &m.peers) } {
+            // SAFETY: mapped above, used by nothing yet.
+            match unsafe { backend.unmap(addr, len) } {
+                Ok(()) => m.spare.push((len, memory)),
+                // Still mapped: never hand it out again (it leaks).
+                Err(_) => std::mem::forget(memory),
+            }
+            return Err(e);
+        }
+        m.list[i].1 = Some(memory);
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, Extents<B>> {
@@ -652,12 +692,13 @@ impl<B: Backend> Region<B> {
         Ok(len)
     }
 
-    /// Unmaps the mapping that starts at `offset` (from `base`), the last
-    /// one included, and gives its memory back at once: to the
+    /// Unmaps the mapping of `len` bytes that starts at `offset` (from
+    /// `base`), the last one included, and gives its memory back at once: to the
     /// reservation's bank, where its other regions map it first, or to the
     /// device for a region of its own. The range stays a hole: growth maps
-    /// past the end, and [`Region::shrink_to`] drops holes at the end.
-    /// Returns its length; an offset where no mapping starts is an
+    /// past the end, [`Region::fill_hole`] maps it again, and
+    /// [`Region::shrink_to`] drops holes at the end. No mapping of that
+    /// length there (say, the range was mapped again since, longer) is an
     /// [`Error::InvalidArgument`].
     ///
     /// How a device heap gives back memory while kernels run: it fences the
@@ -666,16 +707,16 @@ impl<B: Backend> Region<B> {
     /// # Safety
     ///
     /// As for [`Region::punch`].
-    pub unsafe fn release(&self, offset: usize) -> Result<usize> {
+    pub unsafe fn release(&self, offset: usize, len: usize) -> Result<()> {
         let mut m = self.lock();
         let found = m
             .all(0)
             .enumerate()
-            .find(|&(_, (at, _, mapped))| at as usize == offset && mapped)
-            .map(|(i, (_, len, _))| (i, len));
-        let Some((i, len)) = found else {
+            .find(|&(_, (at, l, mapped))| at as usize == offset && l == len && mapped)
+            .map(|(i, _)| i);
+        let Some(i) = found else {
             return Err(Error::InvalidArgument(format!(
-                "no mapping to release at offset {offset}"
+                "no mapping of {len} bytes to release at offset {offset}"
             )));
         };
         // SAFETY: extent `i` is one mapping (the invariant on `Extents`);
@@ -685,7 +726,7 @@ impl<B: Backend> Region<B> {
         m.physical -= len;
         self.res.note(self.part, -(len as isize));
         self.res.give(len, memory);
-        Ok(len)
+        Ok(())
     }
 
     /// The holes at the end of the range, as one range: its offset from
@@ -697,18 +738,6 @@ impl<B: Backend> Region<B> {
             .map(|(len, _)| len)
             .sum();
         (len > 0).then(|| (m.end - len, len))
-    }
-
-    /// Extends the range's end by a hole of `len` bytes (whole chunks):
-    /// address space whose pages the owner keeps fenced, which growth maps
-    /// past.
-    pub fn extend_hole(&self, len: usize) {
-        let mut m = self.lock();
-        let len = len.min(self.reserved - m.end);
-        if len > 0 {
-            m.list.push((len, None));
-            m.end += len;
-        }
     }
 
     /// Gives the spare memory of holes back (to the bank, or the device).
@@ -972,13 +1001,17 @@ mod tests {
         assert_eq!(heap.trailing_hole(), None);
         // SAFETY: nothing uses host-backed test memory.
         unsafe {
-            assert!(heap.release(MIB).is_err(), "no mapping starts there");
-            assert_eq!(heap.release(2 * MIB).unwrap(), 6 * MIB);
             assert!(
-                heap.release(2 * MIB).is_err(),
+                heap.release(MIB, 6 * MIB).is_err(),
+                "no mapping starts there"
+            );
+            assert!(heap.release(2 * MIB, 4 * MIB).is_err(), "not its length");
+            heap.release(2 * MIB, 6 * MIB).unwrap();
+            assert!(
+                heap.release(2 * MIB, 6 * MIB).is_err(),
                 "a hole is not released twice"
             );
-            assert_eq!(heap.release(8 * MIB).unwrap(), 4 * MIB);
+            heap.release(8 * MIB, 4 * MIB).unwrap();
         }
         assert_eq!((heap.mapped(), heap.end()), (2 * MIB, 12 * MIB));
         assert_eq!(heap.trailing_hole(), Some((2 * MIB, 10 * MIB)));
@@ -998,13 +1031,24 @@ mod tests {
         assert_eq!(heap.grow_at_once(18 * MIB).unwrap(), 18 * MIB);
         assert_eq!((heap.mapped(), heap.trailing_hole()), (8 * MIB, None));
         assert_eq!(res.stats().created, 12 * MIB);
+        // A hole is filled in place: a banked piece of its length first.
+        // SAFETY: as above.
+        unsafe { heap.release(12 * MIB, 6 * MIB) }.unwrap();
+        assert_eq!(res.stats().banked, 6 * MIB);
+        assert_eq!(heap.fill_hole(12 * MIB).unwrap(), 6 * MIB);
+        assert!(heap.fill_hole(12 * MIB).is_err(), "no hole there any more");
+        let s = res.stats();
+        assert_eq!((s.banked, s.created, heap.mapped()), (0, 12 * MIB, 8 * MIB));
+        assert_eq!(heap.fill_hole(2 * MIB).unwrap(), 6 * MIB); // new memory
+        assert_eq!((res.stats().created, heap.mapped()), (18 * MIB, 14 * MIB));
+        assert_eq!(heap.holes(), vec![(8 * MIB, 4 * MIB)]);
         // SAFETY: as above.
         unsafe {
-            assert_eq!(heap.release(12 * MIB).unwrap(), 6 * MIB);
+            heap.release(12 * MIB, 6 * MIB).unwrap();
             // The holes at the end go; the mapping before them stays.
-            assert_eq!(heap.shrink_to(2 * MIB).unwrap(), 2 * MIB);
+            assert_eq!(heap.shrink_to(8 * MIB).unwrap(), 8 * MIB);
         }
-        assert_eq!((heap.end(), heap.trailing_hole()), (2 * MIB, None));
+        assert_eq!((heap.end(), heap.trailing_hole()), (8 * MIB, None));
         assert_eq!(res.stats().banked, 6 * MIB);
     }
 

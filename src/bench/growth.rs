@@ -12,11 +12,14 @@
 //!   thread waited for growth;
 //! - what the machinery costs when no growth is needed: the pair kernel
 //!   at 1M x 16 B on a served growable heap against a fixed heap, runs
-//!   interleaved.
+//!   interleaved;
+//! - giving 1 GiB back: a trim on a stream ([`DeviceHeap::trim_on`]: its
+//!   kernel, CUDA events; the unmapping into the bank, host wall time)
+//!   beside the trim between launches and `cuMemFree` of the same bytes.
 
 use super::device::{fill_and_check, Buffers};
 use super::median;
-use crate::{DeviceHeap, DevicePtr, Gpu, LaunchConfig, Result};
+use crate::{DeviceHeap, DevicePtr, Gpu, LaunchConfig, Reservation, Result};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -95,6 +98,8 @@ pub fn run(gpu: &Gpu, reps: usize, mut progress: impl FnMut(&str)) -> Result<Rep
     series(gpu, &b, reps, &mut report)?;
     progress("growth machinery, no growth needed");
     no_growth_needed(gpu, &b, reps, &mut report)?;
+    progress("giving memory back");
+    give_back(gpu, &b, reps, &mut report)?;
     Ok(report)
 }
 
@@ -451,5 +456,93 @@ fn no_growth_needed(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) ->
     }
     report.rows.push(rf);
     report.rows.push(rg);
+    Ok(())
+}
+
+/// Giving 1 GiB back, per GiB: a heap in a shared reservation grown by
+/// 1 GiB, filled by 960K x 1 KiB blocks and emptied (both untimed), then
+/// trimmed to 64 MiB on a stream ([`DeviceHeap::trim_on`]): CUDA events
+/// around the trim's kernel (retiring the empty pages, fencing the step),
+/// then the host's wall time to unmap the step into the bank
+/// ([`DeviceHeap::finish_trims`]); or trimmed between launches
+/// ([`DeviceHeap::trim`]: host wall time, the metadata copied both ways).
+/// Beside them `cuMemFree` of 1 GiB (host wall time). A trim that gives
+/// back less than the step counts as an error.
+fn give_back(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) -> Result<()> {
+    let n = KEEP_THREADS / 16 * 15;
+    let cfg = LaunchConfig::for_threads(n);
+    let step = 1usize << 30;
+    let res = Reservation::new(gpu.context(), 2 * RESERVE)?;
+    let (mut kernel, mut unmap, mut between, mut free) = (vec![], vec![], vec![], vec![]);
+    let mut errs = [0u32; 2];
+    // One heap each way, grown again every run (the bank's memory).
+    let heaps = [
+        DeviceHeap::growable_in(gpu, &res, START, RESERVE)?,
+        DeviceHeap::growable_in(gpu, &res, START, RESERVE)?,
+    ];
+    for rep in 0..=reps {
+        for (h, on_stream) in heaps.iter().zip([true, false]) {
+            h.grow(START + step)?;
+            // SAFETY: `b.ptrs` holds n pointers and `b.errors` two u32s;
+            // the heap and both buffers outlive the launches, waited for.
+            unsafe {
+                b.kernels.alloc_cuheap(
+                    &cfg,
+                    h,
+                    n,
+                    KEEP_SIZE,
+                    b.ptrs.as_ptr(),
+                    b.errors.as_ptr(),
+                )?;
+                b.kernels.free_cuheap(&cfg, h, n, b.ptrs.as_ptr())?;
+            }
+            gpu.sync()?;
+            let [nulls, errors] = b.errors()?;
+            let back = if on_stream {
+                let t = gpu.time(|| h.trim_on(gpu, gpu.stream(), START))?;
+                let host = Instant::now();
+                let back = h.finish_trims(true)?;
+                if rep > 0 {
+                    kernel.push(t as f64);
+                    unmap.push(host.elapsed().as_secs_f64() * 1e3);
+                }
+                back
+            } else {
+                let cap = h.capacity();
+                let host = Instant::now();
+                // SAFETY: every launch on the heap was waited for above.
+                let left = unsafe { h.trim(START) }?;
+                if rep > 0 {
+                    between.push(host.elapsed().as_secs_f64() * 1e3);
+                }
+                cap - left
+            };
+            errs[0] += nulls;
+            errs[1] += errors + u32::from(back != step);
+        }
+        let m = gpu.alloc(step)?;
+        let host = Instant::now();
+        drop(m);
+        if rep > 0 {
+            free.push(host.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let case = "give 1 GiB back (heap emptied first), ms per GiB";
+    let rows = [
+        (
+            "cuheap trim_on: its kernel on the stream (CUDA events)",
+            kernel,
+        ),
+        ("cuheap trim_on: unmapping into the bank (host)", unmap),
+        ("cuheap trim between launches (host)", between),
+        ("cudaFree (cuMemFree, host)", free),
+    ];
+    for (i, (name, ms)) in rows.into_iter().enumerate() {
+        let mut r = row(case, name.into(), ms, START);
+        if i < 3 {
+            (r.nulls, r.errors) = (errs[0], errs[1]);
+        }
+        report.rows.push(r);
+    }
     Ok(())
 }
