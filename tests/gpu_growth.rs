@@ -688,7 +688,7 @@ fn growth_maps_a_hole_between_steps_again() {
     // Blocks come from the hole's pages at once (more than the rest of
     // the heap holds); all check, and the kept blocks keep their data.
     let outside = ((1usize << 30) - (192 << 20)) / 1024 - kept.iter().filter(|&&p| p != 0).count();
-    let m = 320 * 1024;
+    let m = 256 * 1024;
     let c = Bufs::new(&gpu, m);
     alloc(&gpu, &h, &c, m, 1024);
     assert_eq!(c.take_errors(), [0, 0]);

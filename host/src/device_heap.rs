@@ -160,6 +160,12 @@ impl DeviceHeap {
     /// non-blocking stream); launches after this call use the new pages,
     /// and so do running kernels that look for a fresh page. Returns the
     /// usable bytes. Fixed heaps cannot grow.
+    ///
+    /// After trims on a stream ([`DeviceHeap::trim_on`]) it first unmaps
+    /// what those that are done fenced, then, while no growth service
+    /// runs, maps memory into their holes before it maps past them, and
+    /// unfences their pages with a kernel on the heap's stream that it
+    /// waits for (a kernel that fills the GPU delays it).
     pub fn grow(&self, bytes: usize) -> Result<usize> {
         self.grower()?.grow(bytes)
     }
@@ -398,6 +404,7 @@ impl DeviceHeap {
             return self.restore_placement();
         };
         g.finish_trims(true)?;
+        g.forget_lost_trims();
         g.exclusive(|| {
             // Holes at the end go; the pages of those before mapped memory
             // stay fenced in the cleared metadata.
@@ -556,8 +563,9 @@ impl DeviceHeap {
     /// for a heap in a shared [`Reservation`], to its bank, where the
     /// reservation's pool maps it first. The host never waits: the memory
     /// goes at the heap's next call that looks ([`DeviceHeap::finish_trims`],
-    /// [`DeviceHeap::grow`], [`DeviceHeap::trim`], [`DeviceHeap::reset`])
-    /// or from its growth service's thread.
+    /// [`DeviceHeap::grow`], [`DeviceHeap::stats`], the next `trim_on`,
+    /// [`DeviceHeap::trim`], [`DeviceHeap::reset`]) or from its growth
+    /// service's thread.
     ///
     /// A step given back this way stays a hole in the heap's range, its
     /// pages fenced: growth while kernels run maps past it (the range is

@@ -24,7 +24,7 @@ use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use cuheap_core::{Counters, PAGE_SIZE};
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -147,6 +147,9 @@ pub(crate) struct Grower {
     /// Trims queued on streams and not finished, and how many.
     pending: Mutex<Vec<PendingTrim>>,
     trims_pending: AtomicUsize,
+    /// Signalled when a trim being finished is done with (finished, or
+    /// left for a later call), for callers that wait for every trim.
+    finished: Condvar,
     /// Bit `i`: trim slot `i` is taken (from the queueing of a trim until
     /// its flags are read).
     slots_taken: AtomicU32,
@@ -219,6 +222,7 @@ impl Grower {
             upkeep: Mutex::new(None),
             pending: Mutex::new(Vec::new()),
             trims_pending: AtomicUsize::new(0),
+            finished: Condvar::new(),
             slots_taken: AtomicU32::new(0),
         }))
     }
@@ -257,14 +261,16 @@ impl Grower {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let t = Instant::now();
         let mapped_before = self.region.mapped();
-        let refilled = self.refill_holes(bytes)?;
-        let holes = self.region.end() - self.region.mapped();
+        // A hole that cannot be mapped again (the device full) is passed:
+        // growth at the end may still find memory, or say why not.
+        let (refilled, _) = self.refill_holes(bytes);
+        if refilled > 0 {
+            let published = self.published.load(Ordering::Acquire);
+            self.count_step(t, self.region.mapped() - mapped_before, published)?;
+        }
         if self.region.mapped() < bytes {
+            let holes = self.region.end() - self.region.mapped();
             self.grow_locked(bytes.saturating_add(holes))?;
-        } else if let Some(first) = refilled {
-            // Fresh pages are searched for from the first hole on.
-            let added = self.region.mapped() - mapped_before;
-            self.count_step(t, added, first)?;
         }
         Ok(self.region.mapped())
     }
@@ -284,13 +290,14 @@ impl Grower {
     }
 
     /// Maps memory into holes, in address order, while fewer than `bytes`
-    /// are usable (see [`Grower::grow`]); returns where the first hole it
-    /// mapped starts. The caller holds `lock`.
-    fn refill_holes(&self, bytes: usize) -> Result<Option<usize>> {
+    /// are usable (see [`Grower::grow`]), and unfences their pages (waited
+    /// for: `grow` returns with them in service). Returns how many holes
+    /// it mapped, and the error that stopped it. The caller holds `lock`.
+    fn refill_holes(&self, bytes: usize) -> (usize, Result<()>) {
         let Some(k) = self.can_refill() else {
-            return Ok(None);
+            return (0, Ok(()));
         };
-        let mut unfence = Vec::new();
+        let mut filled = Vec::new();
         let mut failed = Ok(());
         for (at, len) in self.region.holes() {
             if self.region.mapped() >= bytes {
@@ -300,25 +307,40 @@ impl Grower {
                 failed = Err(e);
                 break;
             }
-            unfence.push((at, len));
+            filled.push((at, len));
         }
-        for &(at, len) in &unfence {
+        for &(at, len) in &filled {
             let (from, to) = (at / PAGE_SIZE, (at + len) / PAGE_SIZE);
             let cfg = LaunchConfig::for_threads(1).on(&self.stream);
             // SAFETY: the heap outlives the launch (waited for below);
             // pages `from..to` were fenced by a trim and have memory
             // mapped behind them again.
-            unsafe {
+            let launched = unsafe {
                 k.unfence
                     .launch(&cfg, (self.handle, from as u32, to as u32))
-            }?;
+            };
+            if let Err(e) = launched {
+                // Mapped but still fenced: held, not usable, until a reset.
+                return (filled.len(), Err(e));
+            }
         }
-        if !unfence.is_empty() {
-            // Launches after `grow` returns find the pages in service.
+        if !filled.is_empty() {
             crate::driver::before_bind();
-            self.stream.synchronize().during("cuStreamSynchronize")?;
+            if let Err(e) = self.stream.synchronize().during("cuStreamSynchronize") {
+                return (filled.len(), Err(e));
+            }
         }
-        failed.map(|()| unfence.first().map(|h| h.0))
+        (filled.len(), failed)
+    }
+
+    /// Clears the slots of trims that could not be tracked (a failed event
+    /// record), once none is pending. Only while no kernel uses the heap
+    /// (a reset): their kernels have ended.
+    pub(crate) fn forget_lost_trims(&self) {
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.is_empty() {
+            self.slots_taken.store(0, Ordering::Release);
+        }
     }
 
     /// Bytes that can be usable at most: the range, less its holes unless
@@ -483,17 +505,28 @@ impl Grower {
         while self.trims_pending.load(Ordering::Acquire) > 0 {
             let (event, slot) = {
                 let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-                let mut done = None;
-                for t in pending.iter_mut().filter(|t| !t.finishing) {
-                    crate::driver::before_bind();
-                    if wait || t.event.try_is_complete().during("cuEventQuery")? {
-                        t.finishing = true;
-                        done = Some((t.event.clone(), t.slot));
-                        break;
+                loop {
+                    let mut done = None;
+                    for t in pending.iter_mut().filter(|t| !t.finishing) {
+                        crate::driver::before_bind();
+                        if wait || t.event.try_is_complete().during("cuEventQuery")? {
+                            t.finishing = true;
+                            done = Some((t.event.clone(), t.slot));
+                            break;
+                        }
                     }
+                    if let Some(found) = done {
+                        break found;
+                    }
+                    if !wait || pending.is_empty() {
+                        return failed.map(|()| unmapped);
+                    }
+                    // Others are finishing the rest: wait until they have.
+                    pending = self
+                        .finished
+                        .wait(pending)
+                        .unwrap_or_else(|p| p.into_inner());
                 }
-                let Some(found) = done else { break };
-                found
             };
             let mut pending = if wait {
                 crate::driver::before_bind();
@@ -504,6 +537,7 @@ impl Grower {
                     if let Some(t) = pending.iter_mut().find(|t| t.slot == slot) {
                         t.finishing = false;
                     }
+                    self.finished.notify_all();
                     return Err(e);
                 }
                 pending
@@ -536,6 +570,7 @@ impl Grower {
                     Err(e) => failed = Err(e),
                 }
             }
+            self.finished.notify_all();
         }
         failed.map(|()| unmapped)
     }
@@ -755,7 +790,8 @@ fn serve(g: &Grower, stop: &AtomicBool, mut seen: u64) -> Result<()> {
             std::hint::spin_loop();
         } else {
             // Trims whose streams got past them give their memory back
-            // here too (an error shows at the heap's next call).
+            // here too. A step that fails to unmap stays mapped and fenced
+            // (the error is not kept; a reset takes the fence off).
             let _ = g.finish_trims(false);
             std::thread::sleep(NAP);
         }

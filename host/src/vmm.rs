@@ -472,7 +472,13 @@ impl<B: Backend> Region<B> {
                         memory
                     }
                     None => {
-                        let memory = backend.create(len)?;
+                        let memory = match backend.create(len) {
+                            // The bank's pieces fit no hole: release them.
+                            Err(Error::OutOfMemory { .. }) if self.res.release() > 0 => {
+                                backend.create(len)?
+                            }
+                            r => r?,
+                        };
                         self.res.created.fetch_add(len, Ordering::Relaxed);
                         memory
                     }
