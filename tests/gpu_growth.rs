@@ -262,7 +262,7 @@ fn trim_gives_memory_back_and_grow_shrink_cycles_leak_nothing() {
 #[ignore = "needs an NVIDIA GPU"]
 fn memory_freed_by_a_kernel_serves_a_host_allocation_and_the_reverse() {
     let _one = one_at_a_time();
-    use cuheap::{DevicePtr, LaunchConfig, Pool, PoolConfig, Reservation};
+    use cuheap::{Pool, PoolConfig, Reservation};
     let gpu = gpu();
     let free_at_start = gpu.mem_info().unwrap().0;
     let res = Reservation::new(gpu.context(), 64 << 30).unwrap();
@@ -297,41 +297,9 @@ fn memory_freed_by_a_kernel_serves_a_host_allocation_and_the_reverse() {
         (pool.stats().banked, pool.stats().device_heap_mapped),
         (s.banked, start)
     );
-    let created = s.created;
     let stream = gpu.context().new_stream().unwrap();
     let size = 512usize << 20;
-    let p = pool.alloc(size, &stream).unwrap();
-    let k = kernels(&gpu);
-    let errors = gpu.alloc_zeroed(4).unwrap();
-    let words = (size / 4) as u32;
-    let launch = LaunchConfig::for_threads(256 * 1024).on(&stream);
-    // SAFETY: `p` is a live block of `words` u32s until the free below,
-    // which is ordered after these kernels on `stream`; `errors` holds a u32.
-    unsafe {
-        k.spin_fill(&launch, DevicePtr::from_raw(p), words, 0xA5A5_A5A5, 0)
-            .unwrap();
-        k.check_fill(
-            &launch,
-            DevicePtr::from_raw(p),
-            words,
-            0xA5A5_A5A5,
-            1,
-            errors.as_ptr(),
-        )
-        .unwrap();
-    }
-    let mut e = [0u32];
-    errors.read_on(0, &mut e, &stream).unwrap();
-    assert_eq!(
-        e[0], 0,
-        "the host allocation's memory did not hold its data"
-    );
-    let s = res.stats();
-    assert_eq!(
-        s.created, created,
-        "the host allocation made new memory: {s:?}"
-    );
-    assert!(s.reused >= size, "{s:?}");
+    let p = host_block_from_the_bank(&gpu, &pool, &res, &stream, size, 0xA5A5_A5A5);
     let pool_mapped = pool.stats().reserved;
 
     // The reverse: the pool frees and trims into the bank, and the heap
@@ -387,6 +355,55 @@ fn memory_freed_by_a_kernel_serves_a_host_allocation_and_the_reverse() {
     );
 }
 
+/// Allocates `size` bytes from `pool` on `stream`, fills them with
+/// `pattern` and checks them with kernels on that stream, and asserts the
+/// reservation created no memory for it (the pool mapped what the bank
+/// held). Returns the block, for the caller to free.
+fn host_block_from_the_bank(
+    gpu: &cuheap::Gpu,
+    pool: &cuheap::Pool,
+    res: &cuheap::Reservation,
+    stream: &std::sync::Arc<cuheap::cudarc::driver::CudaStream>,
+    size: usize,
+    pattern: u32,
+) -> u64 {
+    use cuheap::{DevicePtr, LaunchConfig};
+    let created = res.stats().created;
+    let p = pool.alloc(size, stream).unwrap();
+    let k = kernels(gpu);
+    let errors = gpu.alloc_zeroed(4).unwrap();
+    let words = (size / 4) as u32;
+    let launch = LaunchConfig::for_threads(256 * 1024).on(stream);
+    // SAFETY: `p` is a live block of `words` u32s until the caller frees
+    // it, on `stream`, after these kernels; `errors` holds a u32.
+    unsafe {
+        k.spin_fill(&launch, DevicePtr::from_raw(p), words, pattern, 0)
+            .unwrap();
+        k.check_fill(
+            &launch,
+            DevicePtr::from_raw(p),
+            words,
+            pattern,
+            1,
+            errors.as_ptr(),
+        )
+        .unwrap();
+    }
+    let mut e = [0u32];
+    errors.read_on(0, &mut e, stream).unwrap();
+    assert_eq!(
+        e[0], 0,
+        "the host allocation's memory did not hold its data"
+    );
+    let s = res.stats();
+    assert_eq!(
+        s.created, created,
+        "the host allocation made new memory: {s:?}"
+    );
+    assert!(s.reused >= size, "{s:?}");
+    p
+}
+
 /// Waits until `state[0]` counts `n` holders (read on `stream`, which
 /// runs beside them).
 fn wait_for_holders(
@@ -421,7 +438,7 @@ fn wait_for_holders(
 #[ignore = "needs an NVIDIA GPU"]
 fn memory_goes_back_to_the_pool_while_a_kernel_holds_blocks_of_the_heap() {
     let _one = one_at_a_time();
-    use cuheap::{DevicePtr, LaunchConfig, Pool, PoolConfig, Reservation};
+    use cuheap::{LaunchConfig, Pool, PoolConfig, Reservation};
     let gpu = gpu();
     let k = kernels(&gpu);
     let res = Reservation::new(gpu.context(), 64 << 30).unwrap();
@@ -493,39 +510,8 @@ fn memory_goes_back_to_the_pool_while_a_kernel_holds_blocks_of_the_heap() {
 
     // The pool maps that memory and its block holds data, while the
     // holders still run (they wait for `state[1]`).
-    let created = s.created;
     let size = 512usize << 20;
-    let p = pool.alloc(size, &work).unwrap();
-    let errors = gpu.alloc_zeroed(4).unwrap();
-    let words = (size / 4) as u32;
-    let launch = LaunchConfig::for_threads(256 * 1024).on(&work);
-    // SAFETY: `p` is a live block of `words` u32s until the free below,
-    // which is ordered after these kernels on `work`; `errors` holds a u32.
-    unsafe {
-        k.spin_fill(&launch, DevicePtr::from_raw(p), words, 0x5A5A_5A5A, 0)
-            .unwrap();
-        k.check_fill(
-            &launch,
-            DevicePtr::from_raw(p),
-            words,
-            0x5A5A_5A5A,
-            1,
-            errors.as_ptr(),
-        )
-        .unwrap();
-    }
-    let mut e = [0u32];
-    errors.read_on(0, &mut e, &work).unwrap();
-    assert_eq!(
-        e[0], 0,
-        "the host allocation's memory did not hold its data"
-    );
-    let s = res.stats();
-    assert_eq!(
-        s.created, created,
-        "the host allocation made new memory: {s:?}"
-    );
-    assert!(s.reused >= size, "{s:?}");
+    let p = host_block_from_the_bank(&gpu, &pool, &res, &work, size, 0x5A5A_5A5A);
     let mut st = [0u32; 2];
     state.read_on(0, &mut st, &work).unwrap();
     assert_eq!(st, [holders, 0], "the holders still wait");

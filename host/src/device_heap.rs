@@ -637,7 +637,15 @@ impl DeviceHeap {
             Data::Fixed { .. } => vec![(0, self.capacity())],
             Data::Growable(g) => {
                 g.finish_trims(false)?;
-                g.region.mappings()
+                // Mappings next to each other are read as one range.
+                let mut runs: Vec<(usize, usize)> = Vec::new();
+                for (at, len) in g.region.mappings() {
+                    match runs.last_mut() {
+                        Some(r) if r.0 + r.1 == at => r.1 += len,
+                        _ => runs.push((at, len)),
+                    }
+                }
+                runs
             }
         };
         let n = mapped.iter().map(|m| m.1).sum::<usize>() / PAGE_SIZE;

@@ -171,12 +171,19 @@ impl<B: Backend> Reservation<B> {
                 return Ok((len, memory, true));
             }
         }
-        let memory = match self.backend.create(min) {
-            Err(Error::OutOfMemory { .. }) if self.release() > 0 => self.backend.create(min)?,
+        Ok((min, self.create(min)?, false))
+    }
+
+    /// `len` bytes of new memory, counted. When the device is out of
+    /// memory while the bank holds pieces, they are released and the
+    /// creation tried again.
+    fn create(&self, len: usize) -> Result<B::Memory> {
+        let memory = match self.backend.create(len) {
+            Err(Error::OutOfMemory { .. }) if self.release() > 0 => self.backend.create(len)?,
             r => r?,
         };
-        self.created.fetch_add(min, Ordering::Relaxed);
-        Ok((min, memory, false))
+        self.created.fetch_add(len, Ordering::Relaxed);
+        Ok(memory)
     }
 
     /// A banked piece of exactly `len` bytes, if the bank holds one.
@@ -448,10 +455,7 @@ impl<B: Backend> Region<B> {
     /// (once it unfences its pages).
     pub fn fill_hole(&self, offset: usize) -> Result<usize> {
         let mut m = self.lock();
-        let found = (m.all(0).enumerate())
-            .find(|&(_, (at, _, mapped))| at as usize == offset && !mapped)
-            .map(|(i, (_, len, _))| (i, len));
-        let Some((i, len)) = found else {
+        let Some((i, len)) = m.extent_at(offset, false) else {
             return Err(Error::InvalidArgument(format!(
                 "no hole to fill at offset {offset}"
             )));
@@ -471,17 +475,7 @@ impl<B: Backend> Region<B> {
                         self.res.reused.fetch_add(len, Ordering::Relaxed);
                         memory
                     }
-                    None => {
-                        let memory = match backend.create(len) {
-                            // The bank's pieces fit no hole: release them.
-                            Err(Error::OutOfMemory { .. }) if self.res.release() > 0 => {
-                                backend.create(len)?
-                            }
-                            r => r?,
-                        };
-                        self.res.created.fetch_add(len, Ordering::Relaxed);
-                        memory
-                    }
+                    None => self.res.create(len)?,
                 };
                 self.res.note(self.part, len as isize);
                 m.physical += len;
@@ -680,20 +674,13 @@ impl<B: Backend> Region<B> {
     pub unsafe fn punch(&self, offset: usize) -> Result<usize> {
         let mut m = self.lock();
         let last = m.list.len().saturating_sub(1);
-        let found = m
-            .all(0)
-            .enumerate()
-            .find(|&(i, (at, _, mapped))| at as usize == offset && mapped && i < last)
-            .map(|(i, (_, len, _))| (i, len));
-        let Some((i, len)) = found else {
+        let Some((i, len)) = m.extent_at(offset, true).filter(|&(i, _)| i < last) else {
             return Err(Error::InvalidArgument(format!(
                 "no mapping to unmap at offset {offset} (the last one stays)"
             )));
         };
-        // SAFETY: extent `i` is one mapping (the invariant on `Extents`);
-        // the caller guarantees nothing uses it.
-        unsafe { self.res.backend.unmap(self.base + offset as u64, len) }?;
-        let memory = m.list[i].1.take().expect("a mapped extent");
+        // SAFETY: forwarded from the caller.
+        let memory = unsafe { self.unmap_extent(&mut m, i, offset, len) }?;
         m.spare.push((len, memory));
         Ok(len)
     }
@@ -715,24 +702,42 @@ impl<B: Backend> Region<B> {
     /// As for [`Region::punch`].
     pub unsafe fn release(&self, offset: usize, len: usize) -> Result<()> {
         let mut m = self.lock();
-        let found = m
-            .all(0)
-            .enumerate()
-            .find(|&(_, (at, l, mapped))| at as usize == offset && l == len && mapped)
-            .map(|(i, _)| i);
-        let Some(i) = found else {
+        let Some((i, _)) = m.extent_at(offset, true).filter(|&(_, l)| l == len) else {
             return Err(Error::InvalidArgument(format!(
                 "no mapping of {len} bytes to release at offset {offset}"
             )));
         };
+        // SAFETY: forwarded from the caller.
+        let memory = unsafe { self.unmap_extent(&mut m, i, offset, len) }?;
+        self.hand_back(&mut m, len, memory);
+        Ok(())
+    }
+
+    /// Unmaps extent `i` of `m`, a mapping of `len` bytes at `offset` from
+    /// `base`, and returns its memory; the extent becomes a hole.
+    ///
+    /// # Safety
+    ///
+    /// Nothing uses the mapping (as for [`Region::punch`]).
+    unsafe fn unmap_extent(
+        &self,
+        m: &mut Extents<B>,
+        i: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<B::Memory> {
         // SAFETY: extent `i` is one mapping (the invariant on `Extents`);
         // the caller guarantees nothing uses it.
         unsafe { self.res.backend.unmap(self.base + offset as u64, len) }?;
-        let memory = m.list[i].1.take().expect("a mapped extent");
+        Ok(m.list[i].1.take().expect("a mapped extent"))
+    }
+
+    /// Gives `len` bytes of memory the region held back to the reservation
+    /// (banked, or released) and stops counting them.
+    fn hand_back(&self, m: &mut Extents<B>, len: usize, memory: B::Memory) {
         m.physical -= len;
         self.res.note(self.part, -(len as isize));
         self.res.give(len, memory);
-        Ok(())
     }
 
     /// The holes at the end of the range, as one range: its offset from
@@ -749,9 +754,7 @@ impl<B: Backend> Region<B> {
     /// Gives the spare memory of holes back (to the bank, or the device).
     fn drop_spare(&self, m: &mut Extents<B>) {
         for (len, memory) in std::mem::take(&mut m.spare) {
-            m.physical -= len;
-            self.res.note(self.part, -(len as isize));
-            self.res.give(len, memory);
+            self.hand_back(m, len, memory);
         }
     }
 
@@ -911,9 +914,7 @@ impl<B: Backend> Region<B> {
             let (len, memory) = m.list.pop().expect("the last extent");
             m.end -= len;
             if let Some(memory) = memory {
-                m.physical -= len;
-                self.res.note(self.part, -(len as isize));
-                self.res.give(len, memory); // banked, or released
+                self.hand_back(&mut m, len, memory);
             }
         }
         // A hole at the end goes with the mapping after it.
@@ -937,6 +938,14 @@ impl<B: Backend> Extents<B> {
             *at += *len as u64;
             Some((start, *len, memory.is_some()))
         })
+    }
+
+    /// The extent that starts at `offset` (from the base) and is mapped
+    /// (or, with `mapped` false, a hole): its index and length.
+    fn extent_at(&self, offset: usize, mapped: bool) -> Option<(usize, usize)> {
+        (self.all(0).enumerate())
+            .find(|&(_, (at, _, m))| at as usize == offset && m == mapped)
+            .map(|(i, (_, len, _))| (i, len))
     }
 
     /// Each mapping's address and length, in address order (holes left

@@ -267,30 +267,32 @@ pub unsafe fn check_fill(x: *mut u32, n: u32, expect: u32, value: u32, errors: *
     }
 }
 
-/// Writes `tag` to the first `bytes / 4` words at `p`.
+/// Writes `tag ^ k` to word `k` of the first `bytes / 4` words at `p`
+/// (a word in the wrong place shows too).
 ///
 /// # Safety
 ///
 /// `p` is a 4-byte aligned block of at least `bytes` bytes this thread owns.
 #[inline(always)]
-unsafe fn tag_words(p: *mut u8, bytes: usize, tag: u32) {
+pub(crate) unsafe fn tag_words(p: *mut u8, bytes: usize, tag: u32) {
     for k in 0..bytes / 4 {
         // SAFETY: word k is inside the block.
-        unsafe { (p as *mut u32).add(k).write_volatile(tag) };
+        unsafe { (p as *mut u32).add(k).write_volatile(tag ^ k as u32) };
     }
 }
 
-/// Whether the first `bytes / 4` words at `p` all hold `tag`.
+/// Whether the first `bytes / 4` words at `p` still hold what
+/// [`tag_words`] wrote with `tag`.
 ///
 /// # Safety
 ///
 /// As for [`tag_words`].
 #[inline(always)]
-unsafe fn has_tag(p: *const u8, bytes: usize, tag: u32) -> bool {
+pub(crate) unsafe fn has_tag(p: *const u8, bytes: usize, tag: u32) -> bool {
     let mut ok = true;
     for k in 0..bytes / 4 {
         // SAFETY: word k is inside the block.
-        ok &= unsafe { (p as *const u32).add(k).read_volatile() } == tag;
+        ok &= unsafe { (p as *const u32).add(k).read_volatile() } == tag ^ k as u32;
     }
     ok
 }

@@ -14,6 +14,7 @@ use crate::arch::{
     block_threads, global_thread, globaltimer, nanosleep, sync_block, thread_in_block,
 };
 use crate::bench::count;
+use crate::checks::{has_tag, tag_words};
 use crate::device_heap::{dev_alloc, dev_free};
 use core::sync::atomic::{AtomicU32, Ordering};
 use cuheap_core::{Heap, HeapHandle};
@@ -76,30 +77,6 @@ unsafe fn wait_for(p: *mut u32) {
     }
 }
 
-/// Writes `tag` over the words of a block of `len` bytes.
-///
-/// # Safety
-///
-/// `p` holds `len` bytes, 4-byte aligned.
-#[inline(always)]
-unsafe fn tag_block(p: *mut u8, len: usize, tag: u32) {
-    for w in 0..len / 4 {
-        // SAFETY: inside the block.
-        unsafe { (p as *mut u32).add(w).write_volatile(tag ^ w as u32) };
-    }
-}
-
-/// Whether a block of `len` bytes still holds `tag` (see [`tag_block`]).
-///
-/// # Safety
-///
-/// As for [`tag_block`].
-#[inline(always)]
-unsafe fn has_tag(p: *const u8, len: usize, tag: u32) -> bool {
-    // SAFETY: inside the block.
-    (0..len / 4).all(|w| unsafe { (p as *const u32).add(w).read_volatile() } == tag ^ w as u32)
-}
-
 /// # Safety
 ///
 /// The contract of its line in `signatures.rs`.
@@ -114,7 +91,7 @@ pub unsafe fn hold_blocks(h: HeapHandle, n: u32, sz: u32, state: *mut u32, error
     let first = unsafe { dev_alloc(&h, len) };
     if !first.is_null() {
         // SAFETY: a fresh block of `len` bytes (16-byte aligned).
-        unsafe { tag_block(first, len, tid) };
+        unsafe { tag_words(first, len, tid) };
     }
     // SAFETY: `state` holds two words; the first only counts.
     unsafe { AtomicU32::from_ptr(state) }.fetch_add(1, Ordering::Release);
@@ -138,7 +115,7 @@ pub unsafe fn hold_blocks(h: HeapHandle, n: u32, sz: u32, state: *mut u32, error
     } else {
         // SAFETY: a fresh block of `len` bytes.
         let ok = unsafe {
-            tag_block(second, len, !tid);
+            tag_words(second, len, !tid);
             has_tag(second, len, !tid) && has_tag(first, len, tid)
         };
         if !ok {
