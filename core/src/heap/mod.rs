@@ -177,6 +177,18 @@ pub struct Heap<'a, W: Word = u32> {
     _arrays: PhantomData<(&'a Counters, W)>,
 }
 
+// A view is six words that name the arrays: a copy is the same view
+// (for the same `'a`), which a caller may keep instead of rebuilding it
+// from the handle (its layout's arithmetic) on every call.
+impl<W: Word> Clone for Heap<'_, W> {
+    #[inline(always)]
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W: Word> Copy for Heap<'_, W> {}
+
 /// log2 of the bytes per unit of the offsets a [`Heap`] keeps: the
 /// layout's alignment (128 bytes).
 const OFFSET_UNIT: u32 = 7;

@@ -60,6 +60,10 @@ pub(super) const SMALL_SPAN_PAGES: u32 = 16;
 
 /// Lists of [`Cache::lists`]: one per class, then one per small span.
 const LISTS: usize = cuheap_core::CLASS_COUNT + SMALL_SPAN_PAGES as usize;
+/// The bit of [`Cache::mask`] that stands for every span in
+/// [`Cache::spans`].
+const SPANS_BIT: u64 = 1 << LISTS;
+const _: () = assert!(LISTS < 64);
 
 /// Blocks freed on one stream, by size, and that stream's counters (kept
 /// here, under the lock the call holds anyway, so that threads with their
@@ -70,6 +74,10 @@ pub(super) struct Cache<E> {
     /// [`SMALL_SPAN_PAGES`] pages (made on first use).
     lists: Vec<Vec<u64>>,
     spans: HashMap<u32, Vec<u64>>,
+    /// Bit `i`: list `i` may hold blocks ([`SPANS_BIT`]: `spans` may):
+    /// clear only where it holds none. A stream's cache publishes it when
+    /// its lock is let go ([`StreamCache::may_hold`]).
+    mask: u64,
     /// Bytes of the blocks held. Invariant: the sum of `key.bytes()` over
     /// every listed block.
     pub(super) bytes: usize,
@@ -88,6 +96,7 @@ impl<E> Default for Cache<E> {
         Cache {
             lists: Vec::new(),
             spans: HashMap::new(),
+            mask: 0,
             bytes: 0,
             dirty: false,
             event: None,
@@ -95,6 +104,18 @@ impl<E> Default for Cache<E> {
             reported: 0,
             counts: [0; 4],
         }
+    }
+}
+
+/// The bit of [`Cache::mask`] for `key`'s list.
+#[inline(always)]
+fn bit_of(key: Key) -> u64 {
+    match key {
+        Key::Class(c) => 1 << c,
+        Key::Span(p) if (1..=SMALL_SPAN_PAGES).contains(&p) => {
+            1 << (cuheap_core::CLASS_COUNT + p as usize - 1)
+        }
+        Key::Span(_) => SPANS_BIT,
     }
 }
 
@@ -114,6 +135,19 @@ impl<E> Cache<E> {
         &mut self.lists[i]
     }
 
+    /// Clears `key`'s bit of the mask if its list is empty (the spans'
+    /// bit stays until `spans` is).
+    #[inline(always)]
+    fn unmask_if_empty(&mut self, key: Key) {
+        let empty = match key {
+            Key::Span(p) if p > SMALL_SPAN_PAGES => self.spans.is_empty(),
+            _ => self.list(key).is_empty(),
+        };
+        if empty {
+            self.mask &= !bit_of(key);
+        }
+    }
+
     /// The key of list `i` of `lists`.
     fn key_of_list(i: usize) -> Key {
         match i.checked_sub(cuheap_core::CLASS_COUNT) {
@@ -125,12 +159,17 @@ impl<E> Cache<E> {
     #[inline]
     pub(super) fn push(&mut self, key: Key, ptr: u64) {
         self.list(key).push(ptr);
+        self.mask |= bit_of(key);
         self.bytes += key.bytes();
     }
 
     #[inline]
     pub(super) fn pop(&mut self, key: Key) -> Option<u64> {
-        let p = self.list(key).pop()?;
+        let list = self.list(key);
+        let p = list.pop()?;
+        if list.is_empty() && !matches!(key, Key::Span(p) if p > SMALL_SPAN_PAGES) {
+            self.mask &= !bit_of(key);
+        }
         self.bytes -= key.bytes();
         Some(p)
     }
@@ -141,34 +180,69 @@ impl<E> Cache<E> {
         self.list(key).len()
     }
 
+    /// Takes up to `n` blocks of `key` (the last pushed), handing each
+    /// to `f`.
+    pub(super) fn take_each(&mut self, key: Key, n: usize, mut f: impl FnMut(Key, u64)) {
+        let list = self.list(key);
+        let start = list.len() - n.min(list.len());
+        let taken = list.len() - start;
+        list.drain(start..).for_each(|p| f(key, p));
+        self.bytes -= taken * key.bytes();
+        self.unmask_if_empty(key);
+    }
+
     /// Takes up to `n` blocks of `key`.
     pub(super) fn take(&mut self, key: Key, n: usize) -> Vec<u64> {
-        let list = self.list(key);
-        let taken = list.split_off(list.len() - n.min(list.len()));
-        self.bytes -= taken.len() * key.bytes();
-        taken
+        let mut out = Vec::new();
+        self.take_each(key, n, |_, p| out.push(p));
+        out
     }
 
     pub(super) fn extend(&mut self, key: Key, blocks: Vec<u64>) {
+        if blocks.is_empty() {
+            return;
+        }
         self.bytes += blocks.len() * key.bytes();
         self.list(key).extend(blocks);
+        self.mask |= bit_of(key);
+    }
+
+    /// Takes blocks, the largest first, until at most `keep` bytes stay,
+    /// handing each to `f`.
+    pub(super) fn shed_each(&mut self, keep: usize, mut f: impl FnMut(Key, u64)) {
+        if self.bytes <= keep {
+            return;
+        }
+        if !self.spans.is_empty() {
+            let mut spans: Vec<u32> = self.spans.keys().copied().collect();
+            spans.sort_unstable_by(|a, b| b.cmp(a));
+            for p in spans {
+                if self.bytes <= keep {
+                    break;
+                }
+                let key = Key::Span(p);
+                self.take_each(key, (self.bytes - keep).div_ceil(key.bytes()), &mut f);
+            }
+            self.spans.retain(|_, v| !v.is_empty());
+            self.unmask_if_empty(Key::Span(SMALL_SPAN_PAGES + 1));
+        }
+        // Lists run from the smallest class to the largest small span.
+        for i in (0..self.lists.len()).rev() {
+            if self.bytes <= keep {
+                break;
+            }
+            if self.lists[i].is_empty() {
+                continue;
+            }
+            let key = Self::key_of_list(i);
+            self.take_each(key, (self.bytes - keep).div_ceil(key.bytes()), &mut f);
+        }
     }
 
     /// Takes blocks, the largest first, until at most `keep` bytes stay.
     pub(super) fn shed(&mut self, keep: usize) -> Vec<u64> {
         let mut out = Vec::new();
-        let mut spans: Vec<u32> = self.spans.keys().copied().collect();
-        spans.sort_unstable_by(|a, b| b.cmp(a));
-        // Lists run from the smallest class to the largest small span.
-        let listed = (0..self.lists.len()).rev().map(Self::key_of_list);
-        for key in spans.into_iter().map(Key::Span).chain(listed) {
-            if self.bytes <= keep {
-                break;
-            }
-            let n = (self.bytes - keep).div_ceil(key.bytes());
-            out.extend(self.take(key, n));
-        }
-        self.spans.retain(|_, v| !v.is_empty());
+        self.shed_each(keep, |_, p| out.push(p));
         out
     }
 
@@ -186,6 +260,7 @@ impl<E> Cache<E> {
         let mut all: Vec<u64> = self.lists.iter_mut().flat_map(std::mem::take).collect();
         all.extend(self.spans.drain().flat_map(|(_, v)| v));
         self.bytes = 0;
+        self.mask = 0;
         all
     }
 
@@ -202,6 +277,7 @@ impl<E> Cache<E> {
             to.extend(Key::Span(p), list);
         }
         self.bytes = 0;
+        self.mask = 0;
         to.net += std::mem::take(&mut self.net);
         for (t, v) in to.counts.iter_mut().zip(std::mem::take(&mut self.counts)) {
             *t += v;
@@ -212,6 +288,35 @@ impl<E> Cache<E> {
 
 static SERIALS: AtomicU64 = AtomicU64::new(1);
 
+/// A stream's cache, locked; publishes its mask when let go.
+pub(super) struct Locked<'a, E> {
+    cache: MutexGuard<'a, Cache<E>>,
+    nonempty: &'a AtomicU64,
+}
+
+impl<E> std::ops::Deref for Locked<'_, E> {
+    type Target = Cache<E>;
+    #[inline(always)]
+    fn deref(&self) -> &Cache<E> {
+        &self.cache
+    }
+}
+
+impl<E> std::ops::DerefMut for Locked<'_, E> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut Cache<E> {
+        &mut self.cache
+    }
+}
+
+impl<E> Drop for Locked<'_, E> {
+    #[inline]
+    fn drop(&mut self) {
+        // Still under the lock: the next holder's store comes after.
+        self.nonempty.store(self.cache.mask, Ordering::Release);
+    }
+}
+
 /// One stream's cache, shared by the threads that use the stream.
 pub(super) struct StreamCache<B: Backend> {
     /// Held so the stream outlives the blocks cached for it: an event is
@@ -221,6 +326,8 @@ pub(super) struct StreamCache<B: Backend> {
     /// Unique for the pool's life (a stream handle can be reused).
     pub(super) serial: u64,
     cache: Mutex<Cache<B::Event>>,
+    /// The cache's [`Cache::mask`] as its lock was last let go.
+    nonempty: AtomicU64,
     /// Set by `release_stream`: threads holding this cache must look again.
     pub(super) released: AtomicBool,
     /// The guard generation this stream is ordered after (see `guard`).
@@ -239,6 +346,7 @@ impl<B: Backend> StreamCache<B> {
             id: B::stream_id(stream),
             serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             cache: Mutex::new(Cache::default()),
+            nonempty: AtomicU64::new(0),
             released: AtomicBool::new(false),
             seen: AtomicU64::new(0),
             locals: Mutex::new(Vec::new()),
@@ -246,8 +354,20 @@ impl<B: Backend> StreamCache<B> {
         }
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Cache<B::Event>> {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    pub(super) fn lock(&self) -> Locked<'_, B::Event> {
+        Locked {
+            cache: self.cache.lock().unwrap_or_else(|p| p.into_inner()),
+            nonempty: &self.nonempty,
+        }
+    }
+
+    /// Whether the cache may hold a block of `key`, as of the last time
+    /// its lock was let go: false means it held none then, so an
+    /// allocation can go to the heap without taking the lock. A hint: a
+    /// block freed meanwhile stays cached for a later call.
+    #[inline]
+    pub(super) fn may_hold(&self, key: Key) -> bool {
+        self.nonempty.load(Ordering::Acquire) & bit_of(key) != 0
     }
 
     /// Runs `f` on each live thread cache of this stream, with its blocks
@@ -290,13 +410,41 @@ pub(super) fn hinted<B: Backend>(pool: u64, stream: usize) -> Option<Arc<StreamC
     })
 }
 
-/// Remembers `cache` as this thread's last one (`None` forgets).
+/// Runs `f` on this thread's cache for `stream` of pool `pool` if it
+/// used it last, lent from the hint: no reference count changes hands.
+/// `f` may call [`remember`], which then leaves the hint as it is.
+#[inline]
+pub(super) fn with_hinted<B: Backend, R>(
+    pool: u64,
+    stream: usize,
+    f: impl FnOnce(&StreamCache<B>) -> R,
+) -> Option<R> {
+    LAST.with(|l| {
+        let hint = l.borrow();
+        match &*hint {
+            Some((p, s, c)) if *p == pool && *s == stream => {
+                let c = c.downcast_ref::<StreamCache<B>>()?;
+                if c.released.load(Ordering::Acquire) {
+                    return None;
+                }
+                Some(f(c))
+            }
+            _ => None,
+        }
+    })
+}
+
+/// Remembers `cache` as this thread's last one (`None` forgets); leaves
+/// the hint as it is while [`with_hinted`] lends it (a hint only: a
+/// released cache is never lent, and a stream not hinted is looked up).
 pub(super) fn remember<B: Backend>(pool: u64, cache: Option<&Arc<StreamCache<B>>>) {
     LAST.with(|l| {
-        *l.borrow_mut() = cache.map(|c| {
-            let any: Arc<dyn Any + Send + Sync> = c.clone();
-            (pool, c.id, any)
-        })
+        if let Ok(mut hint) = l.try_borrow_mut() {
+            *hint = cache.map(|c| {
+                let any: Arc<dyn Any + Send + Sync> = c.clone();
+                (pool, c.id, any)
+            })
+        }
     });
 }
 
@@ -396,5 +544,73 @@ mod tests {
         assert!(c.shed(usize::MAX).is_empty());
         assert_eq!(c.shed(0).len(), 5);
         assert_eq!(c.bytes, 0);
+    }
+
+    /// Every key whose list holds a block has its bit set in the mask,
+    /// after any sequence of the cache's operations.
+    fn assert_mask_covers(c: &mut Cache<()>, keys: &[Key]) {
+        for &k in keys {
+            if c.len(k) > 0 {
+                assert_ne!(
+                    c.mask & bit_of(k),
+                    0,
+                    "{k:?} holds blocks, its bit is clear"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_mask_marks_every_list_that_holds_blocks() {
+        // Classes, small spans and spans past the lists (the map).
+        let keys: Vec<Key> = [256usize, 4096, 65_536, 1 << 20, (1 << 20) + 1, 8 << 20]
+            .iter()
+            .map(|&s| Key::of(s).unwrap())
+            .collect();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut c = Cache::<()>::default();
+        let mut other = Cache::<()>::default();
+        let mut emptied = 0;
+        for step in 0..20_000u64 {
+            let k = keys[next() as usize % keys.len()];
+            match next() % 9 {
+                0..=2 => c.push(k, step),
+                3 | 4 => {
+                    c.pop(k);
+                }
+                5 => {
+                    c.take(k, (next() % 4) as usize);
+                }
+                6 => c.extend(k, vec![step; (next() % 3) as usize]),
+                7 => {
+                    let keep = c.bytes / 2;
+                    c.shed(keep);
+                }
+                _ => match next() % 8 {
+                    0 => {
+                        c.drain();
+                    }
+                    1 => {
+                        c.move_to(&mut other);
+                        other.drain();
+                    }
+                    _ => {}
+                },
+            }
+            assert_mask_covers(&mut c, &keys);
+            if c.bytes == 0 {
+                // Only the spans' bit may stay set while the map keeps
+                // emptied lists.
+                assert_eq!(c.mask & !SPANS_BIT, 0, "empty cache, mask {:#x}", c.mask);
+                emptied += 1;
+            }
+        }
+        assert!(emptied > 100, "the cache was empty only {emptied} times");
     }
 }

@@ -55,7 +55,9 @@ use crate::error::{Error, Result};
 use crate::reclaim::EventPool;
 use crate::share::Exported;
 use crate::vmm::{Part, Region, Reservation};
-use cache::{hinted, remember, thread_slot, Cache, Key, StreamCache, ALLOCS, CROSS, FREES, SAME};
+use cache::{
+    hinted, remember, thread_slot, with_hinted, Cache, Key, StreamCache, ALLOCS, CROSS, FREES, SAME,
+};
 use cudarc::driver::CudaContext;
 use cuheap_core::size_class::PAGE_SIZE;
 use cuheap_core::{Heap, HeapHandle, Layout, Placement, MAX_CLASS_SIZE};
@@ -246,6 +248,10 @@ pub struct Pool<B: Backend = CudaBackend> {
     id: u64,
     events: EventPool<B>,
     handle: HeapHandle,
+    /// The heap's view of `handle`, made once: `'static` stands for the
+    /// pool's life (`_meta` and `region` below), and [`Pool::heap`] lends
+    /// it for `&self`'s.
+    view: Heap<'static, u64>,
     _meta: HostMeta,
     region: Region<B>,
     /// Held while the mapping changes (grow, trim).
@@ -392,12 +398,21 @@ impl<B: Backend> Pool<B> {
             page_count: pages,
             slots: SLOTS,
         };
+        // SAFETY: `meta` is zeroed host memory of the layout's size with
+        // room for the index (16-byte aligned), `region.base()` is
+        // page-aligned (checked above) and reserves `pages` pages; both
+        // live as long as the pool, which holds them, and only the
+        // pool's views touch the metadata. The view is lent out only for
+        // the pool's borrows ([`Pool::heap`]); it computes device
+        // addresses and never touches them.
+        let view = unsafe { Heap::from_handle(&handle) };
         let pool = Pool {
             caches: RwLock::new(HashMap::new()),
             live: LiveBits::new(pages as usize),
             id: POOL_IDS.fetch_add(1, Ordering::Relaxed),
             events: EventPool::default(),
             handle,
+            view,
             _meta: meta,
             region,
             grow_lock: Mutex::new(()),
@@ -562,12 +577,9 @@ impl<B: Backend> Pool<B> {
         self.region.share((at - self.region.base()) as usize, len)
     }
 
+    #[inline]
     fn heap(&self) -> Heap<'_, u64> {
-        // SAFETY: `handle.meta` is this pool's zeroed host metadata sized by
-        // `Layout`, `handle.data` the reserved region (page-aligned, checked
-        // in `with_backend`); both live as long as `self`. The
-        // heap only computes device addresses, it never touches them.
-        unsafe { Heap::from_handle(&self.handle) }
+        self.view
     }
 
     fn bump(&self, which: usize) {
@@ -600,6 +612,20 @@ impl<B: Backend> Pool<B> {
         };
         remember(self.id, Some(&c));
         c
+    }
+
+    /// Runs `f` on `owner`'s cache: the one this thread's hint lends when
+    /// it names `owner` (no reference count moves), else [`Pool::cache`]'s.
+    #[inline]
+    fn with_cache<R>(&self, owner: &B::Stream, f: impl FnOnce(&StreamCache<B>) -> R) -> R {
+        let mut f = Some(f);
+        let lent = with_hinted::<B, _>(self.id, B::stream_id(owner), |c| {
+            f.take().expect("called once")(c)
+        });
+        match lent {
+            Some(r) => r,
+            None => f.take().expect("not called")(&self.cache(owner)),
+        }
     }
 
     /// Folds a stream's byte counter into the pool's and samples the peak.
@@ -945,11 +971,28 @@ impl<B: Backend> Pool<B> {
                 Reach::Absent => absent = true,
             }
         }
-        let own = self.cache(stream);
         if absent {
+            let own = self.cache(stream);
             install(self.id, &own);
+            return self.alloc_on(&own, key);
         }
-        let (ptr, how) = self.find(&own, key)?;
+        self.with_cache(stream, |own| self.alloc_on(own, key))
+    }
+
+    /// [`Pool::alloc`] past the thread's cache, on `own`'s cache and then
+    /// the heap.
+    fn alloc_on(&self, own: &StreamCache<B>, key: Key) -> Result<u64> {
+        // Its own cache first, counted under the same lock.
+        if own.may_hold(key) {
+            let mut c = own.lock();
+            if let Some(p) = c.pop(key) {
+                c.counts[SAME] += 1;
+                self.account_call(own, &mut c, ALLOCS, key.bytes() as i64);
+                drop(c);
+                return self.hand_out(p);
+            }
+        }
+        let (ptr, how) = self.find(own, key)?;
         // A block the heap just handed out is always found and not live.
         let broken = || Error::InvalidArgument(format!("pool state broken at {ptr:#x}"));
         let heap = self.heap();
@@ -972,7 +1015,7 @@ impl<B: Backend> Pool<B> {
         if let Some(how) = how {
             c.counts[how] += 1;
         }
-        self.account_call(&own, &mut c, ALLOCS, key.bytes() as i64);
+        self.account_call(own, &mut c, ALLOCS, key.bytes() as i64);
         Ok(ptr)
     }
 
@@ -999,14 +1042,12 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// A block of `key` for `own`'s stream, and how it was reused (if it
-    /// was): its own cache, then the heap as mapped now, then retired
-    /// blocks whose work is done, then other streams' caches (a
-    /// device-side wait), then idle caches and more memory.
+    /// A block of `key` for `own`'s stream, whose cache had none a
+    /// moment ago, and how it was reused (if it was): the heap as mapped
+    /// now, then retired blocks whose work is done, then its stream's
+    /// threads' caches, then other streams' caches (a device-side wait),
+    /// then idle caches and more memory.
     fn find(&self, own: &StreamCache<B>, key: Key) -> Result<(u64, Option<usize>)> {
-        if let Some(p) = own.lock().pop(key) {
-            return Ok((p, Some(SAME)));
-        }
         self.keep_headroom(own);
         let from_heap = || self.heap().alloc(key.bytes(), thread_slot()).ok();
         if let Some(p) = from_heap() {
@@ -1049,10 +1090,10 @@ impl<B: Backend> Pool<B> {
                 self.count_local(m, FREES, -(key.bytes() as i64));
                 let mut out = Vec::new();
                 if m.len(key) > LOCAL_PER_KEY {
-                    out = m.take(key, LOCAL_PER_KEY / 2);
+                    m.take_each(key, LOCAL_PER_KEY / 2, |k, p| out.push((k, p)));
                 }
                 if m.bytes > self.local_limit {
-                    out.extend(m.shed(self.local_limit / 2));
+                    m.shed_each(self.local_limit / 2, |k, p| out.push((k, p)));
                 }
                 if !out.is_empty() {
                     // Blocks leave uncounted: see `FOLD_BYTES`.
@@ -1065,7 +1106,9 @@ impl<B: Backend> Pool<B> {
                     if !spilled.is_empty() {
                         self.to_stream_cache(stream, |own, c| {
                             own.moves.fetch_add(1, Ordering::Release);
-                            self.recache(c, spilled);
+                            for (k, p) in spilled {
+                                c.push(k, p);
+                            }
                             self.report(c);
                         });
                     }
@@ -1075,12 +1118,12 @@ impl<B: Backend> Pool<B> {
                 Reach::Absent => absent = true,
             }
         }
-        let own = self.to_stream_cache(stream, |own, c| {
+        self.to_stream_cache(stream, |own, c| {
             c.push(key, ptr);
             self.account(own, c, FREES, -(key.bytes() as i64));
         });
         if absent {
-            install(self.id, &own);
+            install(self.id, &self.cache(stream));
         }
         Ok(())
     }
@@ -1091,27 +1134,30 @@ impl<B: Backend> Pool<B> {
         &self,
         stream: &B::Stream,
         put: impl FnOnce(&StreamCache<B>, &mut Cache<B::Event>),
-    ) -> Arc<StreamCache<B>> {
+    ) {
         let mut put = Some(put);
         loop {
-            let own = self.cache(stream);
-            let mut c = own.lock();
-            // A cache `release_stream` took away meanwhile is flushed once,
-            // under this lock: a block pushed after that would stay there.
-            if own.released.load(Ordering::Acquire) {
-                drop(c);
-                remember::<B>(self.id, None);
-                continue;
+            let put_here = self.with_cache(stream, |own| {
+                let mut c = own.lock();
+                // A cache `release_stream` took away meanwhile is flushed
+                // once, under this lock: a block pushed after that would
+                // stay there.
+                if own.released.load(Ordering::Acquire) {
+                    return false;
+                }
+                if let Some(put) = put.take() {
+                    put(own, &mut c);
+                }
+                c.dirty = true;
+                if c.bytes > self.stream_cache_limit {
+                    self.shed(own, &mut c, self.stream_cache_limit / 2);
+                }
+                true
+            });
+            if put_here {
+                return;
             }
-            if let Some(put) = put.take() {
-                put(&own, &mut c);
-            }
-            c.dirty = true;
-            if c.bytes > self.stream_cache_limit {
-                self.shed(&own, &mut c, self.stream_cache_limit / 2);
-            }
-            drop(c);
-            return own;
+            remember::<B>(self.id, None);
         }
     }
 
