@@ -534,7 +534,7 @@ impl<'a> PageMap<'a> {
         }
         if let Some(r) = self.runs() {
             r.locked(|| {
-                self.clear_bits(start, len);
+                self.change_bits_locked(start, len, false);
                 // Merge with the free runs on either side.
                 let (mut from, mut end) = (start, start + len);
                 if from > 0 && !self.is_set(from - 1) {
@@ -610,9 +610,37 @@ impl<'a> PageMap<'a> {
         r.insert(fit.at + len, fit.start + fit.run - fit.at - len);
     }
 
-    /// Sets the bits of pages `start..start + len` (free before).
+    /// Sets the bits of pages `start..start + len` (free before), under
+    /// the index's lock.
     fn set_bits(&self, start: u32, len: u32) {
-        self.change_bits(start, len, true)
+        self.change_bits_locked(start, len, true)
+    }
+
+    /// [`PageMap::change_bits`] under the index's lock. With an index,
+    /// every change of the map's words is made under it (see
+    /// [`RunIndex`]), so a load and a store change a word as a
+    /// read-modify-write would, without the locked instruction (on x86 a
+    /// full barrier, which waits for the metadata stores before it).
+    /// Lock-free readers see each word change once, as before. Host heaps
+    /// only (a GPU heap has no index).
+    fn change_bits_locked(&self, start: u32, len: u32, claim: bool) {
+        let mut p = start;
+        while p < start + len {
+            let from = p % 32;
+            let n = (32 - from).min(start + len - p);
+            let m = run_mask(from, n);
+            let cell = &self.words[(p / 32) as usize];
+            let old = cell.load(Ordering::Relaxed);
+            if claim {
+                debug_assert_eq!(old & m, 0, "page {p} claimed twice");
+                cell.store(old | m, Ordering::Release);
+                self.claimed(p / 32, old, m);
+            } else {
+                cell.store(old & !m, Ordering::Release);
+                self.released(p / 32, old, m);
+            }
+            p += n;
+        }
     }
 
     /// Sets (`claim`) or clears the bits of pages `start..start + len`,
