@@ -12,10 +12,14 @@
 //! free neighbours in O(1), as a buddy or TLSF allocator's do.
 //!
 //! Every change of a heap's page map goes through the index while it has
-//! one, under the index's spin lock: the map's words are still changed with
-//! the same atomics, so lock-free readers (statistics, the free-page scans)
-//! see what they saw before. The lock is held for a few dozen loads and
-//! stores; the pool's threads reach the page map only past their caches.
+//! one, under the index's spin lock: the map's words are changed there
+//! with plain atomic loads and stores (no other writer can race them),
+//! and lock-free readers (statistics, the free-page scans) see each word
+//! change once, as before. A view of such a heap must be built with its
+//! index ([`PageMap::with_runs`](crate::page_map::PageMap::with_runs), as
+//! `Heap` does once the index exists): one without it would change words
+//! outside the lock. The lock is held for a few dozen loads and stores;
+//! the pool's threads reach the page map only past their caches.
 //!
 //! Never on the GPU: a kernel's heap has no index (the views there never
 //! build one), and its thousands of threads could not share one lock.

@@ -107,44 +107,87 @@ impl<E> Default for Cache<E> {
     }
 }
 
-/// The bit of [`Cache::mask`] for `key`'s list.
-#[inline(always)]
-fn bit_of(key: Key) -> u64 {
-    match key {
-        Key::Class(c) => 1 << c,
-        Key::Span(p) if (1..=SMALL_SPAN_PAGES).contains(&p) => {
-            1 << (cuheap_core::CLASS_COUNT + p as usize - 1)
+/// Where a [`Cache`] keeps the blocks of a key.
+#[derive(Clone, Copy)]
+enum Place {
+    /// [`Cache::lists`]`[i]`.
+    List(usize),
+    /// [`Cache::spans`]`[pages]`.
+    Map(u32),
+}
+
+impl Place {
+    #[inline(always)]
+    fn of(key: Key) -> Place {
+        match key {
+            Key::Class(c) => Place::List(c as usize),
+            Key::Span(p) if (1..=SMALL_SPAN_PAGES).contains(&p) => {
+                Place::List(cuheap_core::CLASS_COUNT + p as usize - 1)
+            }
+            Key::Span(p) => Place::Map(p),
         }
-        Key::Span(_) => SPANS_BIT,
+    }
+
+    /// Its bit of [`Cache::mask`].
+    #[inline(always)]
+    fn bit(self) -> u64 {
+        match self {
+            Place::List(i) => 1 << i,
+            Place::Map(_) => SPANS_BIT,
+        }
     }
 }
 
+/// The bit of [`Cache::mask`] for `key`'s list.
+#[inline(always)]
+fn bit_of(key: Key) -> u64 {
+    Place::of(key).bit()
+}
+
 impl<E> Cache<E> {
+    /// `key`'s list, made if it is not there.
     #[inline(always)]
     fn list(&mut self, key: Key) -> &mut Vec<u64> {
-        let i = match key {
-            Key::Class(c) => c as usize,
-            Key::Span(p) if (1..=SMALL_SPAN_PAGES).contains(&p) => {
-                cuheap_core::CLASS_COUNT + p as usize - 1
+        match Place::of(key) {
+            Place::List(i) => {
+                if self.lists.is_empty() {
+                    self.lists = (0..LISTS).map(|_| Vec::new()).collect();
+                }
+                &mut self.lists[i]
             }
-            Key::Span(p) => return self.spans.entry(p).or_default(),
-        };
-        if self.lists.is_empty() {
-            self.lists = (0..LISTS).map(|_| Vec::new()).collect();
+            Place::Map(p) => self.spans.entry(p).or_default(),
         }
-        &mut self.lists[i]
     }
 
-    /// Clears `key`'s bit of the mask if its list is empty (the spans'
-    /// bit stays until `spans` is).
+    /// `key`'s list if there is one.
     #[inline(always)]
-    fn unmask_if_empty(&mut self, key: Key) {
-        let empty = match key {
-            Key::Span(p) if p > SMALL_SPAN_PAGES => self.spans.is_empty(),
-            _ => self.list(key).is_empty(),
-        };
-        if empty {
-            self.mask &= !bit_of(key);
+    fn list_if_any(&mut self, key: Key) -> Option<&mut Vec<u64>> {
+        match Place::of(key) {
+            Place::List(i) => self.lists.get_mut(i),
+            Place::Map(p) => self.spans.get_mut(&p),
+        }
+    }
+
+    /// After blocks of `key` left: a list that is now empty clears its
+    /// bit of the mask; an empty span list leaves the map, and the spans'
+    /// bit clears with the map's last.
+    #[inline(always)]
+    fn after_taking(&mut self, key: Key) {
+        let place = Place::of(key);
+        match place {
+            Place::List(i) => {
+                if self.lists.get(i).is_none_or(|l| l.is_empty()) {
+                    self.mask &= !place.bit();
+                }
+            }
+            Place::Map(p) => {
+                if self.spans.get(&p).is_some_and(|l| l.is_empty()) {
+                    self.spans.remove(&p);
+                }
+                if self.spans.is_empty() {
+                    self.mask &= !place.bit();
+                }
+            }
         }
     }
 
@@ -165,11 +208,8 @@ impl<E> Cache<E> {
 
     #[inline]
     pub(super) fn pop(&mut self, key: Key) -> Option<u64> {
-        let list = self.list(key);
-        let p = list.pop()?;
-        if list.is_empty() && !matches!(key, Key::Span(p) if p > SMALL_SPAN_PAGES) {
-            self.mask &= !bit_of(key);
-        }
+        let p = self.list_if_any(key)?.pop()?;
+        self.after_taking(key);
         self.bytes -= key.bytes();
         Some(p)
     }
@@ -177,18 +217,20 @@ impl<E> Cache<E> {
     /// Blocks of `key` held.
     #[inline]
     pub(super) fn len(&mut self, key: Key) -> usize {
-        self.list(key).len()
+        self.list_if_any(key).map_or(0, |l| l.len())
     }
 
     /// Takes up to `n` blocks of `key` (the last pushed), handing each
     /// to `f`.
     pub(super) fn take_each(&mut self, key: Key, n: usize, mut f: impl FnMut(Key, u64)) {
-        let list = self.list(key);
+        let Some(list) = self.list_if_any(key) else {
+            return;
+        };
         let start = list.len() - n.min(list.len());
         let taken = list.len() - start;
         list.drain(start..).for_each(|p| f(key, p));
         self.bytes -= taken * key.bytes();
-        self.unmask_if_empty(key);
+        self.after_taking(key);
     }
 
     /// Takes up to `n` blocks of `key`.
@@ -223,8 +265,6 @@ impl<E> Cache<E> {
                 let key = Key::Span(p);
                 self.take_each(key, (self.bytes - keep).div_ceil(key.bytes()), &mut f);
             }
-            self.spans.retain(|_, v| !v.is_empty());
-            self.unmask_if_empty(Key::Span(SMALL_SPAN_PAGES + 1));
         }
         // Lists run from the smallest class to the largest small span.
         for i in (0..self.lists.len()).rev() {
@@ -312,8 +352,13 @@ impl<E> std::ops::DerefMut for Locked<'_, E> {
 impl<E> Drop for Locked<'_, E> {
     #[inline]
     fn drop(&mut self) {
-        // Still under the lock: the next holder's store comes after.
-        self.nonempty.store(self.cache.mask, Ordering::Release);
+        // Still under the lock: the next holder's store comes after. A
+        // mask that did not change is not written (threads that check it
+        // keep their copy of the line).
+        let mask = self.cache.mask;
+        if self.nonempty.load(Ordering::Relaxed) != mask {
+            self.nonempty.store(mask, Ordering::Release);
+        }
     }
 }
 
@@ -598,6 +643,7 @@ mod tests {
                     }
                     1 => {
                         c.move_to(&mut other);
+                        assert_mask_covers(&mut other, &keys);
                         other.drain();
                     }
                     _ => {}
@@ -605,9 +651,9 @@ mod tests {
             }
             assert_mask_covers(&mut c, &keys);
             if c.bytes == 0 {
-                // Only the spans' bit may stay set while the map keeps
-                // emptied lists.
-                assert_eq!(c.mask & !SPANS_BIT, 0, "empty cache, mask {:#x}", c.mask);
+                // Emptied span lists leave the map, so no bit stays set.
+                assert_eq!(c.mask, 0, "empty cache, mask {:#x}", c.mask);
+                assert!(c.spans.is_empty());
                 emptied += 1;
             }
         }

@@ -466,7 +466,9 @@ impl<B: Backend> Pool<B> {
     /// The handle of the backing `cuheap-core` heap: its metadata is host
     /// memory of this pool, its data the pool's device addresses. For
     /// tools and tests that inspect the page map; valid while the pool
-    /// lives.
+    /// lives. Read through it; a view that changes the page map must be a
+    /// `Heap` (which uses the pool's index of free runs and its lock), not
+    /// a bare `PageMap` over the words.
     pub fn heap_handle(&self) -> HeapHandle {
         self.handle
     }
