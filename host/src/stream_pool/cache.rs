@@ -74,9 +74,11 @@ pub(super) struct Cache<E> {
     /// [`SMALL_SPAN_PAGES`] pages (made on first use).
     lists: Vec<Vec<u64>>,
     spans: HashMap<u32, Vec<u64>>,
-    /// Bit `i`: list `i` may hold blocks ([`SPANS_BIT`]: `spans` may):
-    /// clear only where it holds none. A stream's cache publishes it when
-    /// its lock is let go ([`StreamCache::may_hold`]).
+    /// Blocks in `spans` (whose emptied lists stay until a shed).
+    in_spans: usize,
+    /// Bit `i`: list `i` holds blocks ([`SPANS_BIT`]: `spans` does),
+    /// clear where it holds none. A stream's cache publishes it when its
+    /// lock is let go ([`StreamCache::may_hold`]).
     mask: u64,
     /// Bytes of the blocks held. Invariant: the sum of `key.bytes()` over
     /// every listed block.
@@ -96,6 +98,7 @@ impl<E> Default for Cache<E> {
         Cache {
             lists: Vec::new(),
             spans: HashMap::new(),
+            in_spans: 0,
             mask: 0,
             bytes: 0,
             dirty: false,
@@ -168,27 +171,33 @@ impl<E> Cache<E> {
         }
     }
 
-    /// After blocks of `key` left: a list that is now empty clears its
-    /// bit of the mask; an empty span list leaves the map, and the spans'
-    /// bit clears with the map's last.
+    /// Counts `n` blocks of `key` added to its list.
     #[inline(always)]
-    fn after_taking(&mut self, key: Key) {
+    fn added(&mut self, key: Key, n: usize) {
         let place = Place::of(key);
-        match place {
-            Place::List(i) => {
-                if self.lists.get(i).is_none_or(|l| l.is_empty()) {
-                    self.mask &= !place.bit();
-                }
-            }
-            Place::Map(p) => {
-                if self.spans.get(&p).is_some_and(|l| l.is_empty()) {
-                    self.spans.remove(&p);
-                }
-                if self.spans.is_empty() {
-                    self.mask &= !place.bit();
-                }
-            }
+        if let Place::Map(_) = place {
+            self.in_spans += n;
         }
+        self.mask |= place.bit();
+        self.bytes += n * key.bytes();
+    }
+
+    /// Counts `n` blocks of `key` taken from its list: a list left empty
+    /// clears its bit of the mask (the spans' with the map's last block).
+    #[inline(always)]
+    fn taken(&mut self, key: Key, n: usize) {
+        let place = Place::of(key);
+        let empty = match place {
+            Place::List(i) => self.lists.get(i).is_none_or(|l| l.is_empty()),
+            Place::Map(_) => {
+                self.in_spans -= n;
+                self.in_spans == 0
+            }
+        };
+        if empty {
+            self.mask &= !place.bit();
+        }
+        self.bytes -= n * key.bytes();
     }
 
     /// The key of list `i` of `lists`.
@@ -202,15 +211,13 @@ impl<E> Cache<E> {
     #[inline]
     pub(super) fn push(&mut self, key: Key, ptr: u64) {
         self.list(key).push(ptr);
-        self.mask |= bit_of(key);
-        self.bytes += key.bytes();
+        self.added(key, 1);
     }
 
     #[inline]
     pub(super) fn pop(&mut self, key: Key) -> Option<u64> {
         let p = self.list_if_any(key)?.pop()?;
-        self.after_taking(key);
-        self.bytes -= key.bytes();
+        self.taken(key, 1);
         Some(p)
     }
 
@@ -229,8 +236,7 @@ impl<E> Cache<E> {
         let start = list.len() - n.min(list.len());
         let taken = list.len() - start;
         list.drain(start..).for_each(|p| f(key, p));
-        self.bytes -= taken * key.bytes();
-        self.after_taking(key);
+        self.taken(key, taken);
     }
 
     /// Takes up to `n` blocks of `key`.
@@ -244,9 +250,9 @@ impl<E> Cache<E> {
         if blocks.is_empty() {
             return;
         }
-        self.bytes += blocks.len() * key.bytes();
+        let n = blocks.len();
         self.list(key).extend(blocks);
-        self.mask |= bit_of(key);
+        self.added(key, n);
     }
 
     /// Takes blocks, the largest first, until at most `keep` bytes stay,
@@ -265,6 +271,7 @@ impl<E> Cache<E> {
                 let key = Key::Span(p);
                 self.take_each(key, (self.bytes - keep).div_ceil(key.bytes()), &mut f);
             }
+            self.spans.retain(|_, v| !v.is_empty());
         }
         // Lists run from the smallest class to the largest small span.
         for i in (0..self.lists.len()).rev() {
@@ -300,6 +307,7 @@ impl<E> Cache<E> {
         let mut all: Vec<u64> = self.lists.iter_mut().flat_map(std::mem::take).collect();
         all.extend(self.spans.drain().flat_map(|(_, v)| v));
         self.bytes = 0;
+        self.in_spans = 0;
         self.mask = 0;
         all
     }
@@ -317,6 +325,7 @@ impl<E> Cache<E> {
             to.extend(Key::Span(p), list);
         }
         self.bytes = 0;
+        self.in_spans = 0;
         self.mask = 0;
         to.net += std::mem::take(&mut self.net);
         for (t, v) in to.counts.iter_mut().zip(std::mem::take(&mut self.counts)) {
@@ -591,18 +600,28 @@ mod tests {
         assert_eq!(c.bytes, 0);
     }
 
-    /// Every key whose list holds a block has its bit set in the mask,
-    /// after any sequence of the cache's operations.
+    /// A list's bit is set exactly when it holds a block (the spans'
+    /// exactly when one of them does), after any sequence of the cache's
+    /// operations.
     fn assert_mask_covers(c: &mut Cache<()>, keys: &[Key]) {
         for &k in keys {
-            if c.len(k) > 0 {
-                assert_ne!(
-                    c.mask & bit_of(k),
-                    0,
-                    "{k:?} holds blocks, its bit is clear"
+            if let Place::List(_) = Place::of(k) {
+                assert_eq!(
+                    c.len(k) > 0,
+                    c.mask & bit_of(k) != 0,
+                    "{k:?}: mask {:#x}",
+                    c.mask
                 );
             }
         }
+        let in_spans: usize = c.spans.values().map(Vec::len).sum();
+        assert_eq!(c.in_spans, in_spans);
+        assert_eq!(
+            in_spans > 0,
+            c.mask & SPANS_BIT != 0,
+            "spans: mask {:#x}",
+            c.mask
+        );
     }
 
     #[test]
@@ -651,9 +670,8 @@ mod tests {
             }
             assert_mask_covers(&mut c, &keys);
             if c.bytes == 0 {
-                // Emptied span lists leave the map, so no bit stays set.
                 assert_eq!(c.mask, 0, "empty cache, mask {:#x}", c.mask);
-                assert!(c.spans.is_empty());
+                assert_eq!(c.in_spans, 0);
                 emptied += 1;
             }
         }
