@@ -494,3 +494,43 @@ fn thread_caches_stay_within_the_limits() {
     let bound = MIB + threads * 512 * KIB;
     assert!(cached <= bound, "{cached} bytes cached, bound {bound}");
 }
+
+/// A block that a thread-local value frees when its thread exits: the
+/// pool's own thread-locals may be gone by then (destructors run in the
+/// reverse order of first use), and the free must still work, through
+/// the stream's cache, not panic (a panic there aborts the process).
+#[test]
+fn a_block_freed_by_a_thread_local_destructor_goes_back_to_its_stream() {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+    struct FreeOnDrop(Option<(Arc<Pool<HostBackend>>, u64, HostStream)>);
+    impl Drop for FreeOnDrop {
+        fn drop(&mut self) {
+            if let Some((pool, p, s)) = self.0.take() {
+                pool.free(p, &s).expect("free at thread exit");
+                let q = pool.alloc(64 * KIB, &s).expect("alloc at thread exit");
+                pool.free(q, &s).expect("free at thread exit");
+            }
+        }
+    }
+    thread_local! {
+        static HELD: RefCell<FreeOnDrop> = const { RefCell::new(FreeOnDrop(None)) };
+    }
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    std::thread::scope(|sc| {
+        let (pool, s) = (pool.clone(), s.clone());
+        sc.spawn(move || {
+            // First use registers this destructor before the pool's own
+            // thread-locals: it runs after theirs.
+            HELD.with(|h| h.borrow().0.is_none());
+            let p = pool.alloc(4 * KIB, &s).unwrap();
+            let q = pool.alloc(4 * KIB, &s).unwrap();
+            pool.free(q, &s).unwrap();
+            HELD.with(|h| h.borrow_mut().0 = Some((pool.clone(), p, s.clone())));
+        });
+    });
+    let st = pool.stats();
+    assert_eq!(st.in_use, 0);
+    assert_eq!((st.allocs, st.frees), (3, 3));
+}

@@ -449,12 +449,15 @@ impl<B: Backend> StreamCache<B> {
 type Hint = Option<(u64, usize, Arc<dyn Any + Send + Sync>)>;
 
 thread_local! {
+    /// Reached with `try_with` only: a block freed by another
+    /// thread-local's destructor may come after this one's (the pool
+    /// then goes without a hint).
     static LAST: std::cell::RefCell<Hint> = const { std::cell::RefCell::new(None) };
 }
 
 /// This thread's cache for `stream` of pool `pool`, if it used it last.
 pub(super) fn hinted<B: Backend>(pool: u64, stream: usize) -> Option<Arc<StreamCache<B>>> {
-    LAST.with(|l| match &*l.borrow() {
+    LAST.try_with(|l| match &*l.borrow() {
         Some((p, s, c)) if *p == pool && *s == stream => c
             .clone()
             .downcast::<StreamCache<B>>()
@@ -462,6 +465,8 @@ pub(super) fn hinted<B: Backend>(pool: u64, stream: usize) -> Option<Arc<StreamC
             .filter(|c| !c.released.load(Ordering::Acquire)),
         _ => None,
     })
+    .ok()
+    .flatten()
 }
 
 /// Runs `f` on this thread's cache for `stream` of pool `pool` if it
@@ -473,7 +478,7 @@ pub(super) fn with_hinted<B: Backend, R>(
     stream: usize,
     f: impl FnOnce(&StreamCache<B>) -> R,
 ) -> Option<R> {
-    LAST.with(|l| {
+    LAST.try_with(|l| {
         let hint = l.borrow();
         match &*hint {
             Some((p, s, c)) if *p == pool && *s == stream => {
@@ -486,13 +491,15 @@ pub(super) fn with_hinted<B: Backend, R>(
             _ => None,
         }
     })
+    .ok()
+    .flatten()
 }
 
 /// Remembers `cache` as this thread's last one (`None` forgets); leaves
 /// the hint as it is while [`with_hinted`] lends it (a hint only: a
 /// released cache is never lent, and a stream not hinted is looked up).
 pub(super) fn remember<B: Backend>(pool: u64, cache: Option<&Arc<StreamCache<B>>>) {
-    LAST.with(|l| {
+    let _ = LAST.try_with(|l| {
         if let Ok(mut hint) = l.try_borrow_mut() {
             *hint = cache.map(|c| {
                 let any: Arc<dyn Any + Send + Sync> = c.clone();
