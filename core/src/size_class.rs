@@ -212,11 +212,6 @@ pub const fn class_size(class: u32) -> u32 {
 /// [`PAGE_SIZE`] units long, so a warp's worth of blocks rarely needs a new
 /// page (a 64 KiB page holds only 16 blocks of 4 KiB).
 pub const TARGET_BLOCKS_PER_PAGE: usize = 256;
-/// Blocks a page aims to hold in a heap with small class pages
-/// ([`Geometry::SMALL`]): a host pool, whose few threads each keep a
-/// current page per class, and for which most of a 256-block page would
-/// sit empty.
-pub const SMALL_TARGET_BLOCKS_PER_PAGE: usize = 16;
 /// Longest page of a class, in [`PAGE_SIZE`] units (1 MiB).
 pub const MAX_PAGE_UNITS: u32 = 16;
 
@@ -234,9 +229,17 @@ pub const fn blocks_per_page(class: u32) -> u32 {
 }
 
 /// How long the pages of each class are: [`Geometry::STANDARD`] (pages
-/// of about 256 blocks, up to 1 MiB) or [`Geometry::SMALL`] (about 16
-/// blocks, one 64 KiB unit up to the 4 KiB class). A heap has one for
-/// life (see `Placement::SMALL_CLASS_PAGES`).
+/// of about 256 blocks, up to 1 MiB) or [`Geometry::SMALL`] (one 64 KiB
+/// unit for every class: 4,096 blocks of 16 B down to one of 64 KiB). A
+/// heap has one for life (see `Placement::SMALL_CLASS_PAGES`).
+///
+/// The small geometry is a host pool's, whose threads each keep a
+/// current page per class: with pages of 16 blocks (1 MiB for the 64 KiB
+/// class), eight threads handing blocks of 256 B to 4 MiB to each other
+/// (`cuheap bench host`'s hand-off case, modelled over host memory) held
+/// 1.39-1.50x their peak in use, mostly in partly used pages of the
+/// large classes; with one unit a page, 1.29 (medians of 8 runs;
+/// `docs/ab-pool-one-unit-class-pages-h200.txt`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     small: bool,
@@ -278,7 +281,7 @@ impl Geometry {
 // Tables, so the hot paths look these up instead of dividing.
 const PAGE_UNITS: [u32; CLASS_COUNT] = units_table(TARGET_BLOCKS_PER_PAGE);
 const BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(PAGE_UNITS);
-const SMALL_PAGE_UNITS: [u32; CLASS_COUNT] = units_table(SMALL_TARGET_BLOCKS_PER_PAGE);
+const SMALL_PAGE_UNITS: [u32; CLASS_COUNT] = [1; CLASS_COUNT];
 const SMALL_BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(SMALL_PAGE_UNITS);
 
 const fn units_table(target: usize) -> [u32; CLASS_COUNT] {
@@ -322,6 +325,21 @@ pub const fn span_pages(size: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host pool's class pages are one unit each, whatever the class;
+    /// the standard geometry's grow with the class, up to 1 MiB.
+    #[test]
+    fn small_class_pages_are_one_unit() {
+        for c in 0..CLASS_COUNT as u32 {
+            assert_eq!(Geometry::SMALL.page_units(c), 1, "class {c}");
+            let blocks = Geometry::SMALL.blocks_per_page(c) as usize;
+            assert_eq!(blocks, PAGE_SIZE / class_size(c) as usize, "class {c}");
+            assert!(Geometry::STANDARD.page_units(c) >= 1);
+        }
+        let largest = CLASS_COUNT as u32 - 1;
+        assert_eq!(Geometry::SMALL.blocks_per_page(largest), 1);
+        assert_eq!(Geometry::STANDARD.page_units(largest), MAX_PAGE_UNITS);
+    }
 
     /// The arithmetic agrees with a linear search of the table for every size
     /// (too slow for Miri; the compile-time checks cover the boundaries).

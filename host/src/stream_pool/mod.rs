@@ -131,7 +131,7 @@ pub struct PoolConfig {
     pub release_threshold: usize,
     /// How the heap places blocks ([`Placement`] bits). The default, best
     /// fit for spans, size-class pages packed low and small class pages
-    /// (about 16 blocks each, so a thread's current page per class holds
+    /// (one 64 KiB unit each, so a thread's current page per class holds
     /// little unused memory), keeps the memory mapped close to what is in
     /// use for blocks of many sizes; it also hands a stream memory that
     /// another stream freed a moment ago sooner, with a wait for that
