@@ -1287,3 +1287,41 @@ fn a_heap_with_room_leaves_the_caches_alone() {
         pool.free(b, &s).unwrap();
     }
 }
+
+/// Placement 0 (first fit, and the GPU heaps' geometry: class pages of
+/// about 256 blocks, up to 16 units) hands out distinct blocks whose data
+/// stays, marks them live and catches double frees, as the default
+/// placement does. (The pool rounds sizes to 256 bytes, so its classes
+/// hold at most 256 blocks a page in either geometry: the live bits'
+/// bound.)
+#[test]
+fn placement_0_keeps_blocks_apart_and_catches_double_frees() {
+    let cfg = PoolConfig {
+        placement: 0,
+        ..PoolConfig::new(64 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let s = HostStream::new();
+    for size in [300usize, 512, 4 * KIB, 40 * KIB] {
+        let blocks: Vec<u64> = (0..1000).map(|_| pool.alloc(size, &s).unwrap()).collect();
+        let distinct: std::collections::HashSet<u64> = blocks.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            blocks.len(),
+            "{size} B: a block handed out twice"
+        );
+        for (i, &p) in blocks.iter().enumerate() {
+            fill(&pool, p, size, i as u64).unwrap();
+        }
+        for (i, &p) in blocks.iter().enumerate() {
+            check(&pool, p, size, i as u64).unwrap();
+        }
+        for &p in &blocks {
+            pool.free(p, &s).unwrap();
+        }
+        for &p in blocks.iter().step_by(97) {
+            assert!(pool.free(p, &s).is_err(), "{size} B: a double free passed");
+        }
+    }
+    assert_eq!(pool.stats().in_use, 0);
+}
