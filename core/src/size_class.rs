@@ -229,9 +229,12 @@ pub const fn blocks_per_page(class: u32) -> u32 {
 }
 
 /// How long the pages of each class are: [`Geometry::STANDARD`] (pages
-/// of about 256 blocks, up to 1 MiB) or [`Geometry::SMALL`] (one 64 KiB
-/// unit for every class: 4,096 blocks of 16 B down to one of 64 KiB). A
-/// heap has one for life (see `Placement::SMALL_CLASS_PAGES`).
+/// of about 256 blocks, up to 1 MiB) or [`Geometry::SMALL`] (the fewest
+/// 64 KiB units whose tail past the last block is at most an eighth of
+/// the page: one unit for most classes, 4,096 blocks of 16 B down to one
+/// of 64 KiB; two for the 24 KiB and 40 KiB classes, three for the
+/// 48 KiB one). A heap has one for life (see
+/// `Placement::SMALL_CLASS_PAGES`).
 ///
 /// The small geometry is a host pool's, whose threads each keep a
 /// current page per class: with pages of 16 blocks (1 MiB for the 64 KiB
@@ -239,7 +242,9 @@ pub const fn blocks_per_page(class: u32) -> u32 {
 /// (`cuheap bench host`'s hand-off case, modelled over host memory) held
 /// 1.39-1.50x their peak in use, mostly in partly used pages of the
 /// large classes; with one unit a page, 1.29 (medians of 8 runs;
-/// `docs/ab-pool-one-unit-class-pages-h200.txt`).
+/// `docs/ab-pool-one-unit-class-pages-h200.txt`). One unit alone would
+/// leave 24 KiB of every 40 KiB block's page unused (a heap of such
+/// blocks 1.6x their size): hence the bound on the tail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     small: bool,
@@ -281,7 +286,7 @@ impl Geometry {
 // Tables, so the hot paths look these up instead of dividing.
 const PAGE_UNITS: [u32; CLASS_COUNT] = units_table(TARGET_BLOCKS_PER_PAGE);
 const BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(PAGE_UNITS);
-const SMALL_PAGE_UNITS: [u32; CLASS_COUNT] = [1; CLASS_COUNT];
+const SMALL_PAGE_UNITS: [u32; CLASS_COUNT] = small_units_table();
 const SMALL_BLOCKS_PER_PAGE: [u32; CLASS_COUNT] = blocks_table(SMALL_PAGE_UNITS);
 
 const fn units_table(target: usize) -> [u32; CLASS_COUNT] {
@@ -295,6 +300,27 @@ const fn units_table(target: usize) -> [u32; CLASS_COUNT] {
 }
 
 /// Blocks per page of each class, for pages of `units` units each.
+/// [`Geometry::SMALL`]'s units: for each class the fewest (from one)
+/// whose tail past the last block is at most an eighth of the page.
+const fn small_units_table() -> [u32; CLASS_COUNT] {
+    let mut t = [1u32; CLASS_COUNT];
+    let mut c = 0;
+    while c < CLASS_COUNT {
+        let size = CLASS_SIZES[c] as usize;
+        let mut u = 1;
+        while u < MAX_PAGE_UNITS {
+            let bytes = u as usize * PAGE_SIZE;
+            if (bytes % size) * 8 <= bytes {
+                break;
+            }
+            u += 1;
+        }
+        t[c] = u;
+        c += 1;
+    }
+    t
+}
+
 const fn blocks_table(units: [u32; CLASS_COUNT]) -> [u32; CLASS_COUNT] {
     let mut t = [0u32; CLASS_COUNT];
     let mut c = 0;
@@ -326,16 +352,32 @@ pub const fn span_pages(size: usize) -> usize {
 mod tests {
     use super::*;
 
-    /// A host pool's class pages are one unit each, whatever the class;
-    /// the standard geometry's grow with the class, up to 1 MiB.
+    /// A host pool's class pages are the fewest units that leave at most
+    /// an eighth of the page past the last block: one unit for all but
+    /// three classes; the standard geometry's grow with the class.
     #[test]
-    fn small_class_pages_are_one_unit() {
+    fn small_class_pages_are_short_and_waste_at_most_an_eighth() {
+        let mut longer = std::vec::Vec::new();
         for c in 0..CLASS_COUNT as u32 {
-            assert_eq!(Geometry::SMALL.page_units(c), 1, "class {c}");
+            let (u, size) = (
+                Geometry::SMALL.page_units(c) as usize,
+                class_size(c) as usize,
+            );
+            let bytes = u * PAGE_SIZE;
             let blocks = Geometry::SMALL.blocks_per_page(c) as usize;
-            assert_eq!(blocks, PAGE_SIZE / class_size(c) as usize, "class {c}");
-            assert!(Geometry::STANDARD.page_units(c) >= 1);
+            assert_eq!(blocks, bytes / size, "class {c}");
+            assert!(
+                (bytes - blocks * size) * 8 <= bytes,
+                "class {c}: {size} B in {u} units"
+            );
+            if u > 1 {
+                // Not one unit shorter.
+                let shorter = (u - 1) * PAGE_SIZE;
+                assert!((shorter % size) * 8 > shorter, "class {c}");
+                longer.push((size >> 10, u));
+            }
         }
+        assert_eq!(longer, [(24, 2), (40, 2), (48, 3)]);
         let largest = CLASS_COUNT as u32 - 1;
         assert_eq!(Geometry::SMALL.blocks_per_page(largest), 1);
         assert_eq!(Geometry::STANDARD.page_units(largest), MAX_PAGE_UNITS);

@@ -129,8 +129,8 @@ impl Placement {
     /// need. Threads then contend for the same page-map words when they
     /// claim pages at once: for a host pool's few threads, not a kernel's.
     pub const CLASS_PAGES_LOW: u64 = 2;
-    /// Class pages of one 64 KiB unit ([`Geometry::SMALL`]) instead of
-    /// about 256 blocks (up to 1 MiB). Every slot keeps a current page per
+    /// Class pages of one 64 KiB unit for most classes, at most three
+    /// ([`Geometry::SMALL`]), instead of about 256 blocks (up to 1 MiB). Every slot keeps a current page per
     /// class it serves, so with long pages a host pool's few threads left
     /// most of their pages' memory unused. Host heaps only: the GPU's paths keep
     /// the standard geometry as constants and ignore this bit, so a heap a

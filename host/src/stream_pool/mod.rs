@@ -131,8 +131,8 @@ pub struct PoolConfig {
     pub release_threshold: usize,
     /// How the heap places blocks ([`Placement`] bits). The default, best
     /// fit for spans, size-class pages packed low and small class pages
-    /// (one 64 KiB unit each, so a thread's current page per class holds
-    /// little unused memory), keeps the memory mapped close to what is in
+    /// (one 64 KiB unit for most classes, so a thread's current page per
+    /// class holds little unused memory), keeps the memory mapped close to what is in
     /// use for blocks of many sizes; it also hands a stream memory that
     /// another stream freed a moment ago sooner, with a wait for that
     /// stream's work on the device. 0 spreads threads over the heap, first
