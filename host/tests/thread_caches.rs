@@ -502,14 +502,16 @@ fn thread_caches_stay_within_the_limits() {
 #[test]
 fn a_block_freed_by_a_thread_local_destructor_goes_back_to_its_stream() {
     use std::cell::RefCell;
-    use std::sync::Arc;
-    struct FreeOnDrop(Option<(Arc<Pool<HostBackend>>, u64, HostStream)>);
+    use std::sync::{mpsc, Arc};
+    type Held = (Arc<Pool<HostBackend>>, u64, HostStream, mpsc::Sender<()>);
+    struct FreeOnDrop(Option<Held>);
     impl Drop for FreeOnDrop {
         fn drop(&mut self) {
-            if let Some((pool, p, s)) = self.0.take() {
+            if let Some((pool, p, s, done)) = self.0.take() {
                 pool.free(p, &s).expect("free at thread exit");
                 let q = pool.alloc(64 * KIB, &s).expect("alloc at thread exit");
                 pool.free(q, &s).expect("free at thread exit");
+                let _ = done.send(());
             }
         }
     }
@@ -518,6 +520,7 @@ fn a_block_freed_by_a_thread_local_destructor_goes_back_to_its_stream() {
     }
     let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
     let s = HostStream::new();
+    let (done, exited) = mpsc::channel();
     std::thread::scope(|sc| {
         let (pool, s) = (pool.clone(), s.clone());
         sc.spawn(move || {
@@ -527,9 +530,14 @@ fn a_block_freed_by_a_thread_local_destructor_goes_back_to_its_stream() {
             let p = pool.alloc(4 * KIB, &s).unwrap();
             let q = pool.alloc(4 * KIB, &s).unwrap();
             pool.free(q, &s).unwrap();
-            HELD.with(|h| h.borrow_mut().0 = Some((pool.clone(), p, s.clone())));
+            HELD.with(|h| h.borrow_mut().0 = Some((pool.clone(), p, s.clone(), done)));
         });
     });
+    // A scoped thread is joined once its closure returns, which may be
+    // before its thread-locals' destructors have run.
+    exited
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the destructor ran and freed its block");
     let st = pool.stats();
     assert_eq!(st.in_use, 0);
     assert_eq!((st.allocs, st.frees), (3, 3));
