@@ -299,7 +299,6 @@ const fn units_table(target: usize) -> [u32; CLASS_COUNT] {
     t
 }
 
-/// Blocks per page of each class, for pages of `units` units each.
 /// [`Geometry::SMALL`]'s units: for each class the fewest (from one)
 /// whose tail past the last block is at most an eighth of the page.
 const fn small_units_table() -> [u32; CLASS_COUNT] {
@@ -321,6 +320,7 @@ const fn small_units_table() -> [u32; CLASS_COUNT] {
     t
 }
 
+/// Blocks per page of each class, for pages of `units` units each.
 const fn blocks_table(units: [u32; CLASS_COUNT]) -> [u32; CLASS_COUNT] {
     let mut t = [0u32; CLASS_COUNT];
     let mut c = 0;

@@ -200,6 +200,13 @@ impl<E> Cache<E> {
         self.bytes -= n * key.bytes();
     }
 
+    /// Counts every block taken (the lists and the map emptied).
+    fn emptied(&mut self) {
+        self.bytes = 0;
+        self.in_spans = 0;
+        self.mask = 0;
+    }
+
     /// The key of list `i` of `lists`.
     fn key_of_list(i: usize) -> Key {
         match i.checked_sub(cuheap_core::CLASS_COUNT) {
@@ -306,9 +313,7 @@ impl<E> Cache<E> {
     pub(super) fn drain(&mut self) -> Vec<u64> {
         let mut all: Vec<u64> = self.lists.iter_mut().flat_map(std::mem::take).collect();
         all.extend(self.spans.drain().flat_map(|(_, v)| v));
-        self.bytes = 0;
-        self.in_spans = 0;
-        self.mask = 0;
+        self.emptied();
         all
     }
 
@@ -324,9 +329,7 @@ impl<E> Cache<E> {
         for (p, list) in self.spans.drain() {
             to.extend(Key::Span(p), list);
         }
-        self.bytes = 0;
-        self.in_spans = 0;
-        self.mask = 0;
+        self.emptied();
         to.net += std::mem::take(&mut self.net);
         for (t, v) in to.counts.iter_mut().zip(std::mem::take(&mut self.counts)) {
             *t += v;
