@@ -6,25 +6,30 @@
 //!
 //!     cargo run --release --example threads_model -- fresh 8
 //!     cargo run --release --example threads_model -- warm 8
+//!     cargo run --release --example threads_model -- private 8
+//!
+//! `private` runs the same threads on thread-private lists with nothing
+//! shared ([`PrivateLists`], the benchmark's ceiling row): how far this
+//! machine's cores scale the loop itself.
 //!
 //! `CACHE_LIMIT_MIB`, `STREAM_CACHE_LIMIT_MIB` and `INITIAL_MIB` change
-//! the pool's settings. With `PROFILE=DIR` the threads are sampled into
+//! the pool's settings; `PAIRS` sets the pairs per thread. With `PROFILE=DIR` the threads are sampled into
 //! `DIR/model-<fresh|warm>-<threads>.txt` (`scripts/symbolize.py` names
 //! the addresses).
 
-use cuheap::bench::host::{thread_pairs, xorshift};
+use cuheap::bench::host::{thread_pairs, xorshift, PrivateLists};
 use cuheap::bench::sampler::Sampler;
-use cuheap_host::{HostBackend, HostStream, Pool, PoolConfig};
+use cuheap_host::{HostBackend, HostStream, Pool, PoolConfig, Resource};
 use std::time::Instant;
 
 /// `n` threads of `pairs` alloc-and-free pairs each, the benchmark's own
 /// thread body: M pairs a second.
-fn threads(pool: &Pool<HostBackend>, n: usize, pairs: usize) -> f64 {
+fn threads<R: Resource<Stream = HostStream>>(a: &R, n: usize, pairs: usize) -> f64 {
     let t0 = Instant::now();
     std::thread::scope(|sc| {
         for t in 0..n {
             sc.spawn(move || {
-                let (done, failed) = thread_pairs(pool, &HostStream::new(), t, pairs);
+                let (done, failed) = thread_pairs(a, &HostStream::new(), t, pairs);
                 assert_eq!((done, failed), (pairs as u64, 0), "thread {t}");
             });
         }
@@ -37,6 +42,12 @@ fn main() {
     let n: usize = std::env::args()
         .nth(2)
         .map_or(8, |s| s.parse().expect("a thread count"));
+    let pairs = std::env::var("PAIRS").map_or(200_000, |v| v.parse().expect("a pair count"));
+    if mode == "private" {
+        let rate = threads(&PrivateLists::<HostStream>::default(), n, pairs);
+        println!("private: {n} threads {rate:.2} M pairs/s");
+        return;
+    }
     // CACHE_LIMIT_MIB, STREAM_CACHE_LIMIT_MIB, INITIAL_MIB: other settings.
     let mib = |name: &str| {
         std::env::var(name)
@@ -78,7 +89,7 @@ fn main() {
     );
     let dir = std::env::var_os("PROFILE");
     let sampler = dir.as_ref().map(|_| Sampler::start(997).expect("sampler"));
-    let rate = threads(&pool, n, 200_000);
+    let rate = threads(&pool, n, pairs);
     if let (Some(smp), Some(dir)) = (sampler, dir) {
         let path = std::path::Path::new(&dir).join(format!("model-{mode}-{n}.txt"));
         smp.finish(&path, &mode).expect("profile");

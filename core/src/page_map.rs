@@ -624,43 +624,44 @@ impl<'a> PageMap<'a> {
     /// Lock-free readers see each word change once, as before. Host heaps
     /// only (a GPU heap has no index).
     fn change_bits_locked(&self, start: u32, len: u32, claim: bool) {
-        let mut p = start;
-        while p < start + len {
-            let from = p % 32;
-            let n = (32 - from).min(start + len - p);
-            let m = run_mask(from, n);
-            let cell = &self.words[(p / 32) as usize];
+        self.each_word(start, len, |cell, w, m| {
             let old = cell.load(Ordering::Relaxed);
             if claim {
-                debug_assert_eq!(old & m, 0, "page {p} claimed twice");
+                debug_assert_eq!(old & m, 0, "pages {m:#x} of word {w} claimed twice");
                 cell.store(old | m, Ordering::Release);
-                self.claimed(p / 32, old, m);
+                self.claimed(w, old, m);
             } else {
                 cell.store(old & !m, Ordering::Release);
-                self.released(p / 32, old, m);
+                self.released(w, old, m);
             }
-            p += n;
-        }
+        })
     }
 
     /// Sets (`claim`) or clears the bits of pages `start..start + len`,
     /// a word at a time, keeping the summaries.
     #[inline(always)]
     fn change_bits(&self, start: u32, len: u32, claim: bool) {
+        self.each_word(start, len, |cell, w, m| {
+            if claim {
+                let old = cell.fetch_or(m, Ordering::AcqRel);
+                debug_assert_eq!(old & m, 0, "pages {m:#x} of word {w} claimed twice");
+                self.claimed(w, old, m);
+            } else {
+                let old = cell.fetch_and(!m, Ordering::Release);
+                self.released(w, old, m);
+            }
+        })
+    }
+
+    /// Calls `f(word, index, mask)` for each word of the map that pages
+    /// `start..start + len` touch, with the mask of their bits in it.
+    #[inline(always)]
+    fn each_word(&self, start: u32, len: u32, mut f: impl FnMut(&AtomicU32, u32, u32)) {
         let mut p = start;
         while p < start + len {
             let from = p % 32;
             let n = (32 - from).min(start + len - p);
-            let m = run_mask(from, n);
-            let cell = &self.words[(p / 32) as usize];
-            if claim {
-                let old = cell.fetch_or(m, Ordering::AcqRel);
-                debug_assert_eq!(old & m, 0, "page {p} claimed twice");
-                self.claimed(p / 32, old, m);
-            } else {
-                let old = cell.fetch_and(!m, Ordering::Release);
-                self.released(p / 32, old, m);
-            }
+            f(&self.words[(p / 32) as usize], p / 32, run_mask(from, n));
             p += n;
         }
     }

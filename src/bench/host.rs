@@ -534,6 +534,72 @@ pub fn thread_pairs<R: Resource + ?Sized>(
     (completed, failures + failed_allocs)
 }
 
+/// The threads case's ceiling: each thread's own lists of free blocks,
+/// one per 256-byte size, with no lock, no atomic and nothing shared
+/// between threads, and no memory behind the addresses (a size's
+/// addresses are counted up from `size << 44`). What the host's cores
+/// make of the case's loop alone: an allocator that shares nothing
+/// scales no better on the same machine.
+pub struct PrivateLists<S>(std::marker::PhantomData<fn(&S)>);
+
+impl<S> Default for PrivateLists<S> {
+    fn default() -> Self {
+        PrivateLists(std::marker::PhantomData)
+    }
+}
+
+thread_local! {
+    /// [`PrivateLists`]: the last address handed out, and the lists.
+    static PRIVATE: std::cell::RefCell<(u64, Vec<Vec<u64>>)> =
+        const { std::cell::RefCell::new((0, Vec::new())) };
+}
+
+/// Where [`PrivateLists`] keeps a block's size (in 256-byte units).
+const PRIVATE_SIZE_SHIFT: u32 = 44;
+
+impl<S> Resource for PrivateLists<S> {
+    type Stream = S;
+    fn allocate(&self, size: usize, _: &S) -> Result<u64> {
+        let units = size.div_ceil(256) as u64;
+        if units == 0 || units >= 1 << (64 - PRIVATE_SIZE_SHIFT) {
+            return Err(Error::InvalidArgument(format!(
+                "private lists: {size} bytes"
+            )));
+        }
+        Ok(PRIVATE.with_borrow_mut(|(last, lists)| {
+            match lists.get_mut(units as usize).and_then(|l| l.pop()) {
+                Some(p) => p,
+                None => {
+                    *last = (*last + 1) & ((1 << PRIVATE_SIZE_SHIFT) - 1);
+                    units << PRIVATE_SIZE_SHIFT | *last
+                }
+            }
+        }))
+    }
+    fn deallocate(&self, p: u64, _: &S) -> Result<()> {
+        let units = (p >> PRIVATE_SIZE_SHIFT) as usize;
+        if units == 0 {
+            return Err(Error::InvalidArgument(format!("private lists: {p:#x}")));
+        }
+        PRIVATE.with_borrow_mut(|(_, lists)| {
+            if lists.len() <= units {
+                lists.resize_with(units + 1, Vec::new);
+            }
+            lists[units].push(p);
+        });
+        Ok(())
+    }
+    fn stream_id(_: &S) -> usize {
+        0
+    }
+}
+
+impl Alloc for PrivateLists<Arc<CudaStream>> {
+    fn name(&self) -> &'static str {
+        "thread-private lists (nothing shared: the host's ceiling)"
+    }
+}
+
 /// `threads` host threads, each with its own stream, alloc/free pairs of
 /// 256 B..64 KiB with up to 64 live per thread ([`thread_pairs`]).
 fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Throughput> {
@@ -714,28 +780,44 @@ pub(crate) fn async_reserved_high(gpu: &Gpu, reset: bool) -> Result<u64> {
     Ok(v)
 }
 
-/// Blocks handed between threads: `HANDOFF_THREADS` threads with their own
-/// streams allocate blocks of 256 B..4 MiB (log-uniform), fill them on
+/// Threads of the hand-off case.
+pub const HANDOFF_THREADS: usize = 8;
+
+/// Blocks handed between threads: [`HANDOFF_THREADS`] threads with their
+/// own streams allocate blocks of 256 B..4 MiB (log-uniform), fill them on
 /// their stream and hand them to the next thread (up to 16 in flight per
-/// pair), which checks their first and last bytes on its own stream and
-/// frees them there; 20,000 blocks in all. Returns the peak of requested
-/// bytes alive and the failures; the caller reads what the allocator held.
-fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
-    const THREADS: usize = 8;
-    const BLOCKS: usize = 20_000 / THREADS;
+/// pair), which checks them on its own stream and frees them there;
+/// 20,000 blocks in all. Each thread first calls `enter` (binding a
+/// context); `fill` and `check` say whether the memory took and kept the
+/// byte. Returns the peak of requested bytes alive and the failures; the
+/// caller reads what the allocator held. `seed` 0 is the benchmark's
+/// draw. The benchmark runs it on the GPU, and `examples/handoff_model.rs`
+/// on the pool over host memory.
+pub fn handoff_threads<R: Resource + ?Sized>(
+    a: &R,
+    streams: &[R::Stream],
+    seed: u64,
+    enter: impl Fn() + Sync,
+    fill: impl Fn(&R::Stream, u64, usize, u8) -> bool + Sync,
+    check: impl Fn(&R::Stream, u64, usize, u8) -> bool + Sync,
+) -> (u64, u64)
+where
+    R::Stream: Sync,
+{
+    const BLOCKS: usize = 20_000 / HANDOFF_THREADS;
     type Block = (u64, usize, u8);
-    let streams = new_streams(gpu, THREADS)?;
+    assert_eq!(streams.len(), HANDOFF_THREADS, "one stream per thread");
     let (live, peak, failed) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..HANDOFF_THREADS)
         .map(|_| std::sync::mpsc::sync_channel::<Block>(16))
         .unzip();
     std::thread::scope(|sc| {
         for (t, rx) in receivers.into_iter().enumerate() {
-            let next = senders[(t + 1) % THREADS].clone();
-            let (s, live, peak, failed, ctx) = (&streams[t], &live, &peak, &failed, gpu.context());
+            let next = senders[(t + 1) % HANDOFF_THREADS].clone();
+            let (s, live, peak, failed) = (&streams[t], &live, &peak, &failed);
+            let (enter, fill, check) = (&enter, &fill, &check);
             sc.spawn(move || {
-                // A thread without the context fails its calls, and they are counted.
-                let _ = ctx.bind_to_thread();
+                enter();
                 let fail = || failed.fetch_add(1, Ordering::Relaxed);
                 // Checks and frees one received block, if there is one.
                 let take = |block: bool| -> bool {
@@ -747,22 +829,7 @@ fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
                     let Some((p, len, byte)) = got else {
                         return false;
                     };
-                    let n = len.min(64);
-                    let (mut head, mut tail) = ([0u8; 64], [0u8; 64]);
-                    // SAFETY: both ranges lie in the live block of `len` bytes,
-                    // whose fill finished before it was sent; the stream is
-                    // waited for before the buffers are read.
-                    let read = unsafe {
-                        result::memcpy_dtoh_async(&mut head[..n], p, s.cu_stream()).and_then(|_| {
-                            result::memcpy_dtoh_async(
-                                &mut tail[..n],
-                                p + (len - n) as u64,
-                                s.cu_stream(),
-                            )
-                        })
-                    }
-                    .and_then(|_| s.synchronize());
-                    if read.is_err() || head[..n].iter().chain(&tail[..n]).any(|&b| b != byte) {
+                    if !check(s, p, len, byte) {
                         fail();
                     }
                     match a.deallocate(p, s) {
@@ -775,7 +842,7 @@ fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
                     }
                     true
                 };
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64 ^ seed;
                 let mut received = 0;
                 for i in 0..BLOCKS {
                     let u = (xorshift(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
@@ -787,11 +854,7 @@ fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
                     };
                     let now = live.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
                     peak.fetch_max(now, Ordering::Relaxed);
-                    // SAFETY: the block holds `len` bytes and stays live until
-                    // the receiver frees it, after this fill (waited for here).
-                    let filled = unsafe { result::memset_d8_async(p, byte, len, s.cu_stream()) }
-                        .and_then(|_| s.synchronize());
-                    if filled.is_err() {
+                    if !fill(s, p, len, byte) {
                         fail();
                     }
                     // Never block on a full channel: the next thread may be
@@ -820,13 +883,46 @@ fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
         }
         drop(senders);
     });
+    (peak.into_inner(), failed.into_inner())
+}
+
+/// [`handoff_threads`] on the GPU: each block filled with `cuMemsetD8`
+/// and its first and last 64 bytes read back and checked.
+fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
+    let streams = new_streams(gpu, HANDOFF_THREADS)?;
+    let fill = |s: &Arc<CudaStream>, p: u64, len: usize, byte: u8| {
+        // SAFETY: the block holds `len` bytes and stays live until the
+        // receiver frees it, after this fill (waited for here).
+        unsafe { result::memset_d8_async(p, byte, len, s.cu_stream()) }
+            .and_then(|_| s.synchronize())
+            .is_ok()
+    };
+    let check = |s: &Arc<CudaStream>, p: u64, len: usize, byte: u8| {
+        let n = len.min(64);
+        let (mut head, mut tail) = ([0u8; 64], [0u8; 64]);
+        // SAFETY: both ranges lie in the live block of `len` bytes, whose
+        // fill finished before it was sent; the stream is waited for
+        // before the buffers are read.
+        let read = unsafe {
+            result::memcpy_dtoh_async(&mut head[..n], p, s.cu_stream()).and_then(|_| {
+                result::memcpy_dtoh_async(&mut tail[..n], p + (len - n) as u64, s.cu_stream())
+            })
+        }
+        .and_then(|_| s.synchronize());
+        read.is_ok() && head[..n].iter().chain(&tail[..n]).all(|&b| b == byte)
+    };
+    // A thread without the context fails its calls, and they are counted.
+    let enter = || {
+        let _ = gpu.context().bind_to_thread();
+    };
+    let out = handoff_threads(a, &streams, 0, enter, fill, check);
     for s in &streams {
         s.synchronize().map_err(|source| Error::Driver {
             what: "cuStreamSynchronize",
             source,
         })?;
     }
-    Ok((peak.into_inner(), failed.into_inner()))
+    Ok(out)
 }
 
 /// The hand-off workload on a fresh cuheap pool (mapped in 2 MiB steps
@@ -962,6 +1058,14 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
             r.throughput.push(threaded(gpu, *a, threads, 200_000)?);
         }
     }
+    // How far the host's cores scale the case's loop with nothing shared
+    // (ten times the pairs: each call is a few nanoseconds).
+    let ceiling = PrivateLists::default();
+    for threads in [1, 4, 8, 8] {
+        progress(&format!("{} {threads} threads", ceiling.name()));
+        r.throughput
+            .push(threaded(gpu, &ceiling, threads, 2_000_000)?);
+    }
     s.synchronize().map_err(|source| Error::Driver {
         what: "cuStreamSynchronize",
         source,
@@ -1066,6 +1170,24 @@ pub fn svg(r: &HostReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ceiling's lists hand out distinct addresses to live blocks,
+    /// reuse a freed block for its size, refuse size 0 and foreign
+    /// addresses, and run the threads case with no failure.
+    #[test]
+    fn private_lists_keep_live_blocks_apart_and_reuse_freed_ones() {
+        let a = PrivateLists::<()>::default();
+        let live: Vec<u64> = (1..=600)
+            .map(|i| a.allocate(i * 100, &()).unwrap())
+            .collect();
+        let distinct: std::collections::HashSet<u64> = live.iter().copied().collect();
+        assert_eq!(distinct.len(), live.len());
+        a.deallocate(live[299], &()).unwrap();
+        assert_eq!(a.allocate(300 * 100, &()).unwrap(), live[299]);
+        assert!(a.allocate(0, &()).is_err());
+        assert!(a.deallocate(12345, &()).is_err());
+        assert_eq!(thread_pairs(&a, &(), 3, 10_000), (10_000, 0));
+    }
 
     #[test]
     fn memory_rows_show_the_ratio_and_their_failures_fail_the_run() {
