@@ -177,7 +177,20 @@ impl<'a> RunIndex<'a> {
             self.put(head - 1, PREV, start + 1);
         }
         Self::set(self.heads, b, start + 1);
-        self.nonempty[(b / 32) as usize].fetch_or(1 << (b % 32), Ordering::Relaxed);
+        self.mark(b, true);
+    }
+
+    /// Sets or clears bucket `b`'s bit of `nonempty`, under the lock: a
+    /// load and a store (only if the bit changes), not a locked
+    /// read-modify-write, since no one else writes the bitmap meanwhile.
+    #[inline]
+    fn mark(&self, b: u32, nonempty: bool) {
+        let word = &self.nonempty[(b / 32) as usize];
+        let (old, bit) = (word.load(Ordering::Relaxed), 1 << (b % 32));
+        let new = if nonempty { old | bit } else { old & !bit };
+        if new != old {
+            word.store(new, Ordering::Relaxed);
+        }
     }
 
     /// Takes the run that starts at `start` off its list; returns its
@@ -195,7 +208,7 @@ impl<'a> RunIndex<'a> {
             self.put(n - 1, PREV, p);
         }
         if Self::get(self.heads, b) == 0 {
-            self.nonempty[(b / 32) as usize].fetch_and(!(1 << (b % 32)), Ordering::Relaxed);
+            self.mark(b, false);
         }
         len
     }
