@@ -512,14 +512,17 @@ pub(super) fn remember<B: Backend>(pool: u64, cache: Option<&Arc<StreamCache<B>>
     });
 }
 
+/// The next thread's slot number (see [`thread_slot`]).
+static NEXT_SLOT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 thread_local! {
-    /// This thread's slot in the backing heap: a hash of its id, computed once.
-    static SLOT: u32 = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        std::thread::current().id().hash(&mut h);
-        h.finish() as u32
-    };
+    /// This thread's slot in the backing heap, handed out in turn when
+    /// the thread first reaches a pool: threads that reach it one after
+    /// another get different slots (the heap takes the number modulo its
+    /// slots), so their class pages and current pages are their own. A
+    /// hash of the thread's id put two of eight threads on one slot in
+    /// about a third of runs (a birthday collision among 64 slots).
+    static SLOT: u32 = NEXT_SLOT.fetch_add(1, Ordering::Relaxed);
 }
 
 pub(super) fn thread_slot() -> u32 {
@@ -529,6 +532,21 @@ pub(super) fn thread_slot() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Threads that reach the pool one after another take slots in turn:
+    /// eight at once sit on eight of the heap's slots.
+    #[test]
+    fn threads_take_slots_in_turn() {
+        let slots: Vec<u32> = (0..8)
+            .map(|_| std::thread::spawn(thread_slot).join().unwrap())
+            .collect();
+        for w in slots.windows(2) {
+            assert!(w[1] > w[0], "slots {slots:?}");
+        }
+        let distinct: std::collections::HashSet<u32> =
+            slots.iter().map(|s| s % super::super::SLOTS).collect();
+        assert!(distinct.len() >= 7, "slots {slots:?}");
+    }
 
     #[test]
     fn keys_round_to_256_and_cover_the_request() {

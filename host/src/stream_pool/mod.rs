@@ -71,7 +71,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 /// Every block is at least this aligned (like `cudaMalloc`).
 pub const ALIGN: usize = 256;
-/// Slots of the backing heap (host threads hash onto them).
+/// Slots of the backing heap (host threads take them in turn, see
+/// `thread_slot`).
 const SLOTS: u32 = 64;
 /// Blocks taken from another stream's cache at once.
 const STEAL_BATCH: usize = 32;
