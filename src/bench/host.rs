@@ -537,9 +537,10 @@ pub fn thread_pairs<R: Resource + ?Sized>(
 /// The threads case's ceiling: each thread's own lists of free blocks,
 /// one per 256-byte size, with no lock, no atomic and nothing shared
 /// between threads, and no memory behind the addresses (a size's
-/// addresses are counted up from `size << 44`). What the host's cores
-/// make of the case's loop alone: an allocator that shares nothing
-/// scales no better on the same machine.
+/// addresses are counted up from `size << 44`, per thread: two threads
+/// may hand out the same address, so blocks must not move between
+/// them). What the host's cores make of the case's loop alone: an
+/// allocator that shares nothing scales no better on the same machine.
 pub struct PrivateLists<S>(std::marker::PhantomData<fn(&S)>);
 
 impl<S> Default for PrivateLists<S> {
