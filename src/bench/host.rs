@@ -781,6 +781,13 @@ pub(crate) fn async_reserved_high(gpu: &Gpu, reset: bool) -> Result<u64> {
     Ok(v)
 }
 
+/// Pairs per thread in the threads case for cuheap's pools (ten times
+/// this for the ceiling): about a third of a second at their rates.
+/// 200,000, what `cudaMallocAsync`'s rows still run (over seconds), took
+/// the pools 30-40 ms, short enough for a moment of the host's to move a
+/// row.
+const CUHEAP_PAIRS: usize = 2_000_000;
+
 /// Threads of the hand-off case.
 pub const HANDOFF_THREADS: usize = 8;
 
@@ -1033,7 +1040,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         c.release(&s);
         for threads in [1, 4, 8, 8] {
             progress(&format!("{} {threads} threads", c.name()));
-            r.throughput.push(threaded(gpu, c, threads, 200_000)?);
+            r.throughput.push(threaded(gpu, c, threads, CUHEAP_PAIRS)?);
         }
         let fresh = FreshPool(Pool::new(
             gpu.context(),
@@ -1046,7 +1053,8 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         fresh.release(&s);
         for threads in [1, 8, 8] {
             progress(&format!("{} {threads} threads", fresh.name()));
-            r.throughput.push(threaded(gpu, &fresh, threads, 200_000)?);
+            r.throughput
+                .push(threaded(gpu, &fresh, threads, CUHEAP_PAIRS)?);
         }
     }
     for a in &allocs[..2] {
@@ -1056,16 +1064,21 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         r.latency.push(producer_consumer(gpu, *a, 2000)?);
         for threads in [1, 4, 8, 8] {
             progress(&format!("{} {threads} threads", a.name()));
-            r.throughput.push(threaded(gpu, *a, threads, 200_000)?);
+            let pairs = if a.name() == "cuheap pool" {
+                CUHEAP_PAIRS
+            } else {
+                200_000
+            };
+            r.throughput.push(threaded(gpu, *a, threads, pairs)?);
         }
     }
     // How far the host's cores scale the case's loop with nothing shared
-    // (ten times the pairs: each call is a few nanoseconds).
+    // (ten times the pool's pairs: each call is a few nanoseconds).
     let ceiling = PrivateLists::default();
     for threads in [1, 4, 8, 8] {
         progress(&format!("{} {threads} threads", ceiling.name()));
         r.throughput
-            .push(threaded(gpu, &ceiling, threads, 2_000_000)?);
+            .push(threaded(gpu, &ceiling, threads, 10 * CUHEAP_PAIRS)?);
     }
     s.synchronize().map_err(|source| Error::Driver {
         what: "cuStreamSynchronize",
