@@ -11,23 +11,17 @@
 //!
 //!     cargo run --release --example handoff_model
 
-use cuheap::bench::host::{handoff_threads, HANDOFF_THREADS};
+use cuheap::bench::host::{cache_limits_from_env, handoff_threads, HANDOFF_THREADS};
 use cuheap_host::{HostBackend, HostStream, Pool, PoolConfig};
 
 /// Mapped bytes over the peak of requested bytes alive, for one run.
 fn run(seed: u64) -> f64 {
-    let mib = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .map(|v| v.parse::<usize>().expect("MiB") << 20)
-    };
     let mut cfg = PoolConfig {
         initial: 2 << 20,
         chunk: 2 << 20,
         ..PoolConfig::new(16 << 30)
     };
-    cfg.cache_limit = mib("CACHE_LIMIT_MIB").unwrap_or(cfg.cache_limit);
-    cfg.stream_cache_limit = mib("STREAM_CACHE_LIMIT_MIB").unwrap_or(cfg.stream_cache_limit);
+    cache_limits_from_env(&mut cfg);
     let backend = HostBackend::new(2 << 20, usize::MAX).without_contents();
     let pool = Pool::with_backend(backend, cfg).expect("pool");
     let streams: Vec<HostStream> = (0..HANDOFF_THREADS).map(|_| HostStream::new()).collect();

@@ -13,11 +13,12 @@
 //! machine's cores scale the loop itself.
 //!
 //! `CACHE_LIMIT_MIB`, `STREAM_CACHE_LIMIT_MIB` and `INITIAL_MIB` change
-//! the pool's settings; `PAIRS` sets the pairs per thread. With `PROFILE=DIR` the threads are sampled into
+//! the pool's settings; `PAIRS` sets the pairs per thread. With
+//! `PROFILE=DIR` the threads are sampled into
 //! `DIR/model-<fresh|warm>-<threads>.txt` (`scripts/symbolize.py` names
 //! the addresses).
 
-use cuheap::bench::host::{thread_pairs, xorshift, PrivateLists};
+use cuheap::bench::host::{cache_limits_from_env, env_mib, thread_pairs, xorshift, PrivateLists};
 use cuheap::bench::sampler::Sampler;
 use cuheap_host::{HostBackend, HostStream, Pool, PoolConfig, Resource};
 use std::time::Instant;
@@ -49,15 +50,9 @@ fn main() {
         return;
     }
     // CACHE_LIMIT_MIB, STREAM_CACHE_LIMIT_MIB, INITIAL_MIB: other settings.
-    let mib = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .map(|v| v.parse::<usize>().expect("MiB") << 20)
-    };
     let mut cfg = PoolConfig::new(16 << 30);
-    cfg.cache_limit = mib("CACHE_LIMIT_MIB").unwrap_or(cfg.cache_limit);
-    cfg.stream_cache_limit = mib("STREAM_CACHE_LIMIT_MIB").unwrap_or(cfg.stream_cache_limit);
-    cfg.initial = mib("INITIAL_MIB").unwrap_or(cfg.initial);
+    cache_limits_from_env(&mut cfg);
+    cfg.initial = env_mib("INITIAL_MIB").unwrap_or(cfg.initial);
     let pool = Pool::with_backend(HostBackend::new(64 << 10, usize::MAX), cfg).expect("pool");
     let s = HostStream::new();
     for size in [256usize, 64 << 10, 1 << 20] {

@@ -534,6 +534,22 @@ pub fn thread_pairs<R: Resource + ?Sized>(
     (completed, failures + failed_allocs)
 }
 
+/// `name`'s value in MiB, as bytes, if the environment sets it (the
+/// host models' settings); panics on a value that is not a number.
+pub fn env_mib(name: &str) -> Option<usize> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse::<usize>().expect("MiB") << 20)
+}
+
+/// The host models' cache bounds: `CACHE_LIMIT_MIB` and
+/// `STREAM_CACHE_LIMIT_MIB` replace `cfg`'s where the environment sets
+/// them.
+pub fn cache_limits_from_env(cfg: &mut PoolConfig) {
+    cfg.cache_limit = env_mib("CACHE_LIMIT_MIB").unwrap_or(cfg.cache_limit);
+    cfg.stream_cache_limit = env_mib("STREAM_CACHE_LIMIT_MIB").unwrap_or(cfg.stream_cache_limit);
+}
+
 /// The threads case's ceiling: each thread's own lists of free blocks,
 /// one per 256-byte size, with no lock, no atomic and nothing shared
 /// between threads, and no memory behind the addresses (a size's
@@ -936,7 +952,7 @@ fn handoff(gpu: &Gpu, a: &dyn Alloc) -> Result<(u64, u64)> {
 /// The hand-off workload on a fresh cuheap pool (mapped in 2 MiB steps
 /// from 2 MiB) and on `cudaMallocAsync`'s default pool (trimmed first).
 fn handoff_memory(gpu: &Gpu) -> Result<Vec<MemoryUse>> {
-    let case = "hand-offs, 8 threads, 256 B..4 MiB".to_string();
+    let case = format!("hand-offs, {HANDOFF_THREADS} threads, 256 B..4 MiB");
     let cfg = PoolConfig {
         initial: 2 << 20,
         chunk: 2 << 20,

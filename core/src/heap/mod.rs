@@ -130,9 +130,10 @@ impl Placement {
     /// claim pages at once: for a host pool's few threads, not a kernel's.
     pub const CLASS_PAGES_LOW: u64 = 2;
     /// Class pages of one 64 KiB unit for most classes, at most three
-    /// ([`Geometry::SMALL`]), instead of about 256 blocks (up to 1 MiB). Every slot keeps a current page per
-    /// class it serves, so with long pages a host pool's few threads left
-    /// most of their pages' memory unused. Host heaps only: the GPU's paths keep
+    /// ([`Geometry::SMALL`]), instead of about 256 blocks (up to 1 MiB).
+    /// Every slot keeps a current page per class it serves, so with long
+    /// pages a host pool's few threads left most of their pages' memory
+    /// unused. Host heaps only: the GPU's paths keep
     /// the standard geometry as constants and ignore this bit, so a heap a
     /// kernel uses must never set it. Set before the heap's first class
     /// page (the geometry is read off every page's class).

@@ -8,7 +8,7 @@ use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
 use cuheap_core::BlockInfo;
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// Where a block's size comes from: a class, or a span of pages.
@@ -513,7 +513,7 @@ pub(super) fn remember<B: Backend>(pool: u64, cache: Option<&Arc<StreamCache<B>>
 }
 
 /// The next thread's slot number (see [`thread_slot`]).
-static NEXT_SLOT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static NEXT_SLOT: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
     /// This thread's slot in the backing heap, handed out in turn when

@@ -133,8 +133,8 @@ pub struct PoolConfig {
     /// How the heap places blocks ([`Placement`] bits). The default, best
     /// fit for spans, size-class pages packed low and small class pages
     /// (one 64 KiB unit for most classes, so a thread's current page per
-    /// class holds little unused memory), keeps the memory mapped close to what is in
-    /// use for blocks of many sizes; it also hands a stream memory that
+    /// class holds little unused memory), keeps the memory mapped close to
+    /// what is in use for blocks of many sizes; it also hands a stream memory that
     /// another stream freed a moment ago sooner, with a wait for that
     /// stream's work on the device. 0 spreads threads over the heap, first
     /// fit from each one's own part, with the GPU heaps' 256-block pages.
@@ -1366,7 +1366,8 @@ impl<B: Backend> Pool<B> {
 
     /// Grows the mapping and allocates, holding `grow_lock` throughout so
     /// that no trim unmaps the new memory first. Under the lock, the
-    /// caches go back to the heap once more first (not in a graph's pool). A span first gets only
+    /// caches go back to the heap once more first (not in a graph's
+    /// pool). A span first gets only
     /// what the free pages at the end of the mapping lack (at least a
     /// chunk); if other threads took those pages meanwhile, the
     /// mapping grows again by the whole size. A class block gets its size
