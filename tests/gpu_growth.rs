@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use cuheap::DeviceHeap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The tests of this file run one at a time, whatever `--test-threads`
 /// says: kernels of two tests that wait for growth on one GPU at the
@@ -134,6 +134,60 @@ fn a_heap_that_cannot_grow_enough_gives_counted_nulls_promptly() {
     free(&gpu, &h, &b, n);
     assert!(h.stats().unwrap().is_empty());
     println!("refused past 128 MiB: {nulls} nulls in {wall:?}");
+}
+
+/// A service that keeps memory ahead maps a step once the heap's fill
+/// passes its mark, with no thread asking: a kernel that fills 40 MiB of
+/// a 64 MiB heap never waits, the service then maps the next step, and a
+/// second kernel that takes the heap past 64 MiB finds it mapped and
+/// does not wait either. Every block checks. Fills out of 1..=99 and
+/// fixed heaps are refused.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_service_that_keeps_memory_ahead_maps_before_threads_run_short() {
+    let _one = one_at_a_time();
+    let gpu = gpu();
+    let start = 64usize << 20;
+    let h = DeviceHeap::growable(&gpu, start, 1 << 30).unwrap();
+    assert!(h.serve_ahead(0).is_err() && h.serve_ahead(100).is_err());
+    let svc = h.serve_ahead(50).unwrap();
+    let n = 40u32 << 10; // 40 MiB of 1 KiB blocks
+    let first = Bufs::new(&gpu, n);
+    alloc(&gpu, &h, &first, n, 1024);
+    assert_eq!(first.take_errors(), [0, 0]);
+    // The service reads the fill at least every millisecond; a step is
+    // 64 MiB. (A bound, not a timing: it only keeps a broken service from
+    // hanging the test.)
+    let t = Instant::now();
+    while h.growth_stats().ahead_steps == 0 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let g = h.growth_stats();
+    assert!(g.ahead_steps >= 1 && g.live_steps == 0, "{g:?}");
+    assert!(h.capacity() >= 2 * start, "capacity {}", h.capacity());
+    let second = Bufs::new(&gpu, n);
+    alloc(&gpu, &h, &second, n, 1024);
+    assert_eq!(second.take_errors(), [0, 0]);
+    let (s, g) = (h.stats().unwrap(), h.growth_stats());
+    assert_eq!(s.grow_waits, 0, "a thread waited: {s:?} {g:?}");
+    assert_eq!(s.grow_requests, 0, "a thread asked: {s:?} {g:?}");
+    assert_eq!(g.live_steps, 0, "{g:?}");
+    assert_eq!(s.blocks(), 2 * n as u64, "{s:?}");
+    fill_check(&gpu, &first, n, 1024);
+    fill_check(&gpu, &second, n, 1024);
+    assert_eq!(first.take_errors(), [0, 0]);
+    assert_eq!(second.take_errors(), [0, 0]);
+    svc.stop().unwrap();
+    free(&gpu, &h, &first, n);
+    free(&gpu, &h, &second, n);
+    assert!(h.stats().unwrap().is_empty());
+    let fixed = DeviceHeap::new(&gpu, 4 << 20).unwrap();
+    assert!(fixed.serve_ahead(50).is_err());
+    println!(
+        "kept ahead at 50%: {} steps ahead to {} MiB, none asked",
+        g.ahead_steps,
+        h.capacity() >> 20
+    );
 }
 
 /// Without a service a growable heap behaves as before: nulls, counted,

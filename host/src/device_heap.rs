@@ -187,7 +187,30 @@ impl DeviceHeap {
     /// stopped, or after a wait of 2 s. One service per heap; a fixed heap
     /// has none ([`Error::InvalidArgument`]).
     pub fn serve(&self) -> Result<GrowthService<'_>> {
-        GrowthService::start(self.grower()?)
+        GrowthService::start(self.grower()?, None)
+    }
+
+    /// Starts a growth service, as [`DeviceHeap::serve`], that also keeps
+    /// memory ahead of the heap's fill, so that kernels find it mapped
+    /// instead of waiting: the service reads the pages the heap's classes
+    /// and spans hold (a copy of one word from the device, beside the
+    /// kernels: every 20 µs while it changes, backing off to every 1 ms
+    /// while it does not), and once they reach `fill_percent` of the
+    /// usable memory it maps the next step (at least doubling the usable
+    /// memory) and publishes it at once, with no thread asking.
+    ///
+    /// The price is memory: right after a step, the heap maps up to about
+    /// `2 * 100 / fill_percent` times the pages it holds (2.7x at 75%).
+    /// Threads still wait when the heap fills faster than the service
+    /// maps (a kernel that fills a step in less time than the mapping
+    /// takes) or when a step ahead cannot be mapped (the device or the
+    /// reservation full; such a step is tried again once the usable
+    /// memory changes). A trim that leaves the heap above the fill makes
+    /// the service map again: keep more than the fill's share in
+    /// [`DeviceHeap::trim_on`]. `fill_percent` is 1 to 99, else
+    /// [`Error::InvalidArgument`].
+    pub fn serve_ahead(&self, fill_percent: u32) -> Result<GrowthService<'_>> {
+        GrowthService::start(self.grower()?, Some(fill_percent))
     }
 
     /// How many times threads of kernels waited for growth so far (a

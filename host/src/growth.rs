@@ -109,6 +109,10 @@ pub struct GrowthStats {
     pub steps: u64,
     /// Of those, steps that answered requests of running kernels.
     pub live_steps: u64,
+    /// Of those, steps the service mapped ahead of the heap's fill
+    /// ([`DeviceHeap::serve_ahead`](crate::DeviceHeap::serve_ahead)),
+    /// with no thread asking.
+    pub ahead_steps: u64,
     /// Requests the service could not serve at all.
     pub refusals: u64,
     /// Bytes mapped by all steps.
@@ -136,6 +140,7 @@ pub(crate) struct Grower {
     lock: Mutex<()>,
     steps: AtomicU64,
     live_steps: AtomicU64,
+    ahead_steps: AtomicU64,
     refusals: AtomicU64,
     bytes: AtomicU64,
     nanos: AtomicU64,
@@ -214,6 +219,7 @@ impl Grower {
             lock: Mutex::new(()),
             steps: AtomicU64::new(0),
             live_steps: AtomicU64::new(0),
+            ahead_steps: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
@@ -243,6 +249,7 @@ impl Grower {
         GrowthStats {
             steps: self.steps.load(Ordering::Relaxed),
             live_steps: self.live_steps.load(Ordering::Relaxed),
+            ahead_steps: self.ahead_steps.load(Ordering::Relaxed),
             refusals: self.refusals.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             nanos: self.nanos.load(Ordering::Relaxed),
@@ -650,6 +657,58 @@ impl Grower {
         Ok(w)
     }
 
+    /// Where a step of the service ends: at `need` bytes or more, and at
+    /// least doubling the usable memory (geometric steps). Past holes:
+    /// unfencing theirs would take a kernel, which a full GPU might not
+    /// run in time.
+    fn next_step(&self, need: usize) -> usize {
+        need.max(self.region.end().saturating_add(self.region.mapped()))
+            .min(self.region.reserved())
+    }
+
+    /// The pages the heap's classes and spans hold now
+    /// (`Counters::units_taken`), read while kernels run.
+    fn read_taken(&self) -> Result<u64> {
+        let mut w = [0u64];
+        let at = self.counters + offset_of!(Counters, units_taken) as u64;
+        // SAFETY: one word of the heap's counters; any bytes are a `u64`.
+        unsafe { copy_from_device_on(&mut w, at, &self.stream) }?;
+        Ok(w[0])
+    }
+
+    /// Keeps memory ahead of the heap's fill: once `taken` pages reach
+    /// `fill_percent` of the usable ones, maps the next step (as an
+    /// answer would) and publishes it at once, so that kernels find the
+    /// pages before they run short. Returns whether it mapped a step. A
+    /// step that cannot be mapped (the device full, or a driver error) is
+    /// not an error: no thread asked for it, and one that runs short asks
+    /// as without the service's look ahead. It is tried again once the
+    /// usable memory changed (`refused_at`: the usable bytes then).
+    fn keep_ahead(&self, taken: u64, fill_percent: u32, refused_at: &mut usize) -> bool {
+        let usable = self.region.mapped();
+        let full = |usable: usize| {
+            (taken as u128) * PAGE_SIZE as u128 * 100 >= usable as u128 * fill_percent as u128
+        };
+        if !full(usable) || *refused_at == usable || self.region.end() >= self.region.reserved() {
+            return false;
+        }
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (end, usable) = (self.region.end(), self.region.mapped());
+        if !full(usable) {
+            return false; // an answer mapped a step meanwhile
+        }
+        match self.grow_locked(self.next_step(end)) {
+            Ok(m) if m > end => {
+                self.ahead_steps.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Ok(_) | Err(_) => {
+                *refused_at = usable;
+                false
+            }
+        }
+    }
+
     /// Answers the asks pending now: maps at least what was asked, and
     /// at least doubles the heap; if no memory can be mapped at all,
     /// refuses (lowers the ask to the limit, then bumps `grow_refusals`).
@@ -663,16 +722,10 @@ impl Grower {
         if want <= limit {
             return Ok(()); // answered by an earlier step
         }
-        let reserved = self.region.reserved();
-        let need = (want * PAGE_SIZE).min(reserved);
-        // At least double the usable memory. Past holes: unfencing theirs
-        // would take a kernel, which a full GPU might not run in time.
-        let step = need
-            .max(end.saturating_add(self.region.mapped()))
-            .min(reserved);
+        let need = (want * PAGE_SIZE).min(self.region.reserved());
         let grown = {
             let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            match self.grow_locked(step) {
+            match self.grow_locked(self.next_step(need)) {
                 Ok(m) => Ok(m),
                 Err(_) => self.grow_locked(need),
             }
@@ -713,7 +766,14 @@ const SPIN: Duration = Duration::from_millis(5);
 const NAP: Duration = Duration::from_micros(20);
 
 impl GrowthService<'_> {
-    pub(crate) fn start<'h>(grower: &Arc<Grower>) -> Result<GrowthService<'h>> {
+    /// Starts the service; with `ahead` (a fill in percent, 1 to 99) it
+    /// also keeps memory ahead of the heap's fill.
+    pub(crate) fn start<'h>(grower: &Arc<Grower>, ahead: Option<u32>) -> Result<GrowthService<'h>> {
+        if let Some(fill) = ahead.filter(|f| !(1..=99).contains(f)) {
+            return Err(Error::InvalidArgument(format!(
+                "memory kept ahead at {fill}% of the usable memory: give a fill of 1 to 99%"
+            )));
+        }
         if grower.serving.swap(true, Ordering::AcqRel) {
             return Err(Error::InvalidArgument(
                 "the heap already has a growth service".into(),
@@ -730,7 +790,7 @@ impl GrowthService<'_> {
         let (g, halt) = (grower.clone(), stop.clone());
         let thread = match std::thread::Builder::new()
             .name("cuheap-growth".into())
-            .spawn(move || serve(&g, &halt, seen))
+            .spawn(move || serve(&g, &halt, seen, ahead))
         {
             Ok(t) => t,
             Err(e) => {
@@ -771,30 +831,85 @@ impl Drop for GrowthService<'_> {
     }
 }
 
-/// The service loop: polls the doorbell, answers each change.
-fn serve(g: &Grower, stop: &AtomicBool, mut seen: u64) -> Result<()> {
+/// The service loop: polls the doorbell, answers each change; with
+/// `ahead`, also reads the heap's fill (see [`Look`]) and keeps memory
+/// ahead of it.
+fn serve(g: &Grower, stop: &AtomicBool, mut seen: u64, ahead: Option<u32>) -> Result<()> {
     crate::driver::bind(g.stream.context())?;
     let mut active = Instant::now();
+    let mut look = Look::new();
     while !stop.load(Ordering::Acquire) {
         let t = g.bell.read(0);
-        if t != seen {
+        let worked = if t != seen {
             seen = t;
-            if let Err(e) = g.answer() {
+            g.answer().map(|()| true)
+        } else if let Some(fill) = ahead.filter(|_| look.due()) {
+            g.read_taken()
+                .map(|taken| look.saw(taken) | g.keep_ahead(taken, fill, &mut look.refused_at))
+        } else {
+            Ok(false)
+        };
+        match worked {
+            Err(e) => {
                 // Stop looking served: waiting threads fail at once
                 // instead of after the timeout.
                 let _ = g.write(offset_of!(Counters, grow_bell), 0);
                 return Err(e);
             }
-            active = Instant::now();
-        } else if active.elapsed() < SPIN {
-            std::hint::spin_loop();
-        } else {
-            // Trims whose streams got past them give their memory back
-            // here too. A step that fails to unmap stays mapped and fenced
-            // (the error is not kept; a reset takes the fence off).
-            let _ = g.finish_trims(false);
-            std::thread::sleep(NAP);
+            Ok(true) => active = Instant::now(),
+            Ok(false) if active.elapsed() < SPIN => std::hint::spin_loop(),
+            Ok(false) => {
+                // Trims whose streams got past them give their memory
+                // back here too. A step that fails to unmap stays mapped
+                // and fenced (the error is not kept; a reset takes the
+                // fence off).
+                let _ = g.finish_trims(false);
+                std::thread::sleep(NAP);
+            }
         }
     }
     Ok(())
+}
+
+/// When the service reads a heap's fill (a copy of one word from the
+/// device, beside the kernels): soon after it changed, less and less
+/// often while it stays the same.
+struct Look {
+    next: Instant,
+    gap: Duration,
+    last: u64,
+    /// The usable bytes when a step ahead could not be mapped.
+    refused_at: usize,
+}
+
+/// The shortest and the longest gap between reads of the fill.
+const LOOK_MIN: Duration = Duration::from_micros(20);
+const LOOK_MAX: Duration = Duration::from_millis(1);
+
+impl Look {
+    fn new() -> Look {
+        Look {
+            next: Instant::now(),
+            gap: LOOK_MIN,
+            last: u64::MAX,
+            refused_at: 0,
+        }
+    }
+
+    fn due(&self) -> bool {
+        Instant::now() >= self.next
+    }
+
+    /// Records a read of `taken`; returns whether it changed.
+    fn saw(&mut self, taken: u64) -> bool {
+        let changed = taken != self.last;
+        self.gap = if changed {
+            LOOK_MIN
+        } else {
+            (self.gap * 2).min(LOOK_MAX)
+        };
+        self.last = taken;
+        self.next = Instant::now() + self.gap;
+        changed
+    }
 }

@@ -3,23 +3,25 @@
 //! - between launches: [`DeviceHeap::grow`] by 1 GiB and 4 GiB, host
 //!   wall time per GiB, beside `cuMemAlloc` of the same size;
 //! - during a launch: 1M threads each allocate and keep 1 KiB (1 GiB
-//!   live), on a heap that starts at 64 MiB with a growth service, on a
-//!   growable heap mapped big enough beforehand and on a fixed heap:
+//!   live), on a heap that starts at 64 MiB with a growth service (on
+//!   demand, and keeping memory ahead at 50% full), on a growable heap
+//!   mapped big enough beforehand and on a fixed heap:
 //!   CUDA events around the launch, every block filled and checked
 //!   afterwards (untimed);
 //! - a series of 32 launches that each keep 32 MiB more, from 64 MiB to
-//!   1 GiB, served and mapped before, with the launches in which a
-//!   thread waited for growth;
+//!   1 GiB, served (on demand, and keeping memory ahead at 50% and 75%
+//!   full) and mapped before, with the launches in which a thread waited
+//!   for growth;
 //! - what the machinery costs when no growth is needed: the pair kernel
-//!   at 1M x 16 B on a served growable heap against a fixed heap, runs
-//!   interleaved;
+//!   at 1M x 16 B on a served growable heap (on demand, and keeping
+//!   memory ahead) against a fixed heap, runs interleaved;
 //! - giving 1 GiB back: a trim on a stream ([`DeviceHeap::trim_on`]: its
 //!   kernel, CUDA events; the unmapping into the bank, host wall time)
 //!   beside the trim between launches and `cuMemFree` of the same bytes.
 
 use super::device::{fill_and_check, Buffers};
 use super::median;
-use crate::{DeviceHeap, DevicePtr, Gpu, LaunchConfig, Reservation, Result};
+use crate::{DeviceHeap, DevicePtr, Gpu, GrowthService, LaunchConfig, Reservation, Result};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -30,8 +32,12 @@ pub struct Row {
     pub allocator: String,
     pub median_ms: f64,
     pub runs: usize,
-    /// Growth steps taken while the kernel ran (median run).
+    /// Growth steps taken while the kernel ran, for threads that asked
+    /// (median run).
     pub live_steps: u64,
+    /// Growth steps a service that keeps memory ahead mapped with no
+    /// thread asking (median run).
+    pub ahead_steps: u64,
     /// Of a series of launches, those in which a thread waited for
     /// growth (median run); `None` for single launches.
     pub waited: Option<u32>,
@@ -58,16 +64,17 @@ impl Report {
 
     pub fn table(&self) -> String {
         let mut out = String::from(
-            "| case | allocator | median ms | runs | growth steps while kernels ran | launches that waited | capacity at the end | nulls | errors |\n|---|---|---|---|---|---|---|---|---|\n",
+            "| case | allocator | median ms | runs | growth steps asked by threads / mapped ahead | launches that waited | capacity at the end | nulls | errors |\n|---|---|---|---|---|---|---|---|---|\n",
         );
         for r in &self.rows {
             out += &format!(
-                "| {} | {} | {:.3} | {} | {} | {} | {} MiB | {} | {} |\n",
+                "| {} | {} | {:.3} | {} | {} / {} | {} | {} MiB | {} | {} |\n",
                 r.case,
                 r.allocator,
                 r.median_ms,
                 r.runs,
                 r.live_steps,
+                r.ahead_steps,
                 r.waited.map_or("-".into(), |w| w.to_string()),
                 r.capacity >> 20,
                 r.nulls,
@@ -103,6 +110,30 @@ pub fn run(gpu: &Gpu, reps: usize, mut progress: impl FnMut(&str)) -> Result<Rep
     Ok(report)
 }
 
+/// How a growable heap of a case is served while kernels run.
+#[derive(Clone, Copy)]
+enum Serve {
+    No,
+    /// [`DeviceHeap::serve`]: steps when threads ask.
+    OnDemand,
+    /// [`DeviceHeap::serve_ahead`] at this fill, in percent.
+    Ahead(u32),
+}
+
+impl Serve {
+    fn start(self, h: &DeviceHeap) -> Result<Option<GrowthService<'_>>> {
+        match self {
+            Serve::No => Ok(None),
+            Serve::OnDemand => h.serve().map(Some),
+            Serve::Ahead(fill) => h.serve_ahead(fill).map(Some),
+        }
+    }
+
+    fn runs(self) -> bool {
+        !matches!(self, Serve::No)
+    }
+}
+
 fn row(case: &'static str, allocator: String, mut ms: Vec<f64>, capacity: usize) -> Row {
     Row {
         case,
@@ -110,6 +141,7 @@ fn row(case: &'static str, allocator: String, mut ms: Vec<f64>, capacity: usize)
         runs: ms.len(),
         median_ms: median(&mut ms),
         live_steps: 0,
+        ahead_steps: 0,
         waited: None,
         capacity,
         nulls: 0,
@@ -172,24 +204,31 @@ fn during_launch(
             "cuheap, growing from 64 MiB while the kernel runs",
             START,
             true,
+            Serve::OnDemand,
+        ),
+        (
+            "cuheap, growing from 64 MiB, memory kept ahead at 50% full",
+            START,
             true,
+            Serve::Ahead(50),
         ),
         (
             "cuheap, growable heap mapped to 2 GiB before",
             need,
             true,
-            false,
+            Serve::No,
         ),
-        ("cuheap, fixed 2 GiB heap", need, false, false),
+        ("cuheap, fixed 2 GiB heap", need, false, Serve::No),
     ];
     for (name, start, growable, serve) in heaps {
         progress(name);
-        let (mut ms, mut steps, mut errs, mut cap) = (Vec::new(), Vec::new(), [0u32; 2], 0);
+        let (mut ms, mut steps, mut ahead, mut errs, mut cap) =
+            (Vec::new(), Vec::new(), Vec::new(), [0u32; 2], 0);
         for rep in 0..=reps {
             let h = keep_heap(gpu, start, growable)?;
-            let svc = if serve { Some(h.serve()?) } else { None };
+            let svc = serve.start(&h)?;
             b.ptrs.zero()?;
-            let before = h.growth_stats().live_steps;
+            let before = h.growth_stats();
             // SAFETY: `b.ptrs` holds n pointers and `b.errors` two u32s;
             // the heap and both buffers outlive the launch, which
             // `gpu.time` waits for.
@@ -197,7 +236,7 @@ fn during_launch(
                 b.kernels
                     .alloc_cuheap(&cfg, &h, n, KEEP_SIZE, b.ptrs.as_ptr(), b.errors.as_ptr())
             })?;
-            let after = h.growth_stats().live_steps;
+            let after = h.growth_stats();
             drop(svc);
             // SAFETY: `b.ptrs` holds the blocks the launch just made.
             let e = unsafe { check_kept(gpu, b, &h, n)? };
@@ -205,19 +244,21 @@ fn during_launch(
             errs[1] += e[1];
             if rep > 0 {
                 ms.push(t as f64);
-                steps.push((after - before) as f64);
+                steps.push((after.live_steps - before.live_steps) as f64);
+                ahead.push((after.ahead_steps - before.ahead_steps) as f64);
             }
             cap = h.capacity();
         }
         if std::env::var_os("CUHEAP_GROWTH_TRACE").is_some() {
             // Growth varies from launch to launch: three of those.
-            let traces = if serve { 3 } else { 1 };
+            let traces = if serve.runs() { 3 } else { 1 };
             for _ in 0..traces {
                 trace(gpu, b, name, start, growable, serve)?;
             }
         }
         let mut r = row(case, name.into(), ms, cap);
         r.live_steps = median(&mut steps) as u64;
+        r.ahead_steps = median(&mut ahead) as u64;
         (r.nulls, r.errors) = (errs[0], errs[1]);
         report.rows.push(r);
     }
@@ -246,20 +287,30 @@ fn series(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) -> Result<()
         (
             "cuheap, growing from 64 MiB while the kernels run",
             START,
-            true,
+            Serve::OnDemand,
+        ),
+        (
+            "cuheap, growing from 64 MiB, memory kept ahead at 50% full",
+            START,
+            Serve::Ahead(50),
+        ),
+        (
+            "cuheap, growing from 64 MiB, memory kept ahead at 75% full",
+            START,
+            Serve::Ahead(75),
         ),
         (
             "cuheap, growable heap mapped to 2 GiB before",
             2 << 30,
-            false,
+            Serve::No,
         ),
     ];
     for (name, start, serve) in heaps {
-        let (mut ms, mut waited, mut steps, mut errs, mut cap) =
-            (Vec::new(), Vec::new(), Vec::new(), [0u32; 2], 0);
+        let (mut ms, mut waited, mut steps, mut ahead, mut errs, mut cap) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), [0u32; 2], 0);
         for rep in 0..=reps {
             let h = keep_heap(gpu, start, true)?;
-            let svc = if serve { Some(h.serve()?) } else { None };
+            let svc = serve.start(&h)?;
             b.ptrs.zero()?;
             let (mut total, mut waits) = (0.0, 0u32);
             for launch in 0..k {
@@ -276,7 +327,7 @@ fn series(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) -> Result<()
                 })? as f64;
                 waits += u32::from(h.growth_waits()? > before);
             }
-            let live = h.growth_stats().live_steps;
+            let g = h.growth_stats();
             drop(svc);
             // SAFETY: `b.ptrs` holds the k * n blocks the launches made.
             let e = unsafe { check_kept(gpu, b, &h, n * k)? };
@@ -285,12 +336,14 @@ fn series(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) -> Result<()
             if rep > 0 {
                 ms.push(total);
                 waited.push(waits as f64);
-                steps.push(live as f64);
+                steps.push(g.live_steps as f64);
+                ahead.push(g.ahead_steps as f64);
             }
             cap = h.capacity();
         }
         let mut r = row(case, name.into(), ms, cap);
         r.live_steps = median(&mut steps) as u64;
+        r.ahead_steps = median(&mut ahead) as u64;
         r.waited = Some(median(&mut waited) as u32);
         (r.nulls, r.errors) = (errs[0], errs[1]);
         report.rows.push(r);
@@ -341,13 +394,13 @@ fn trace(
     name: &str,
     start: usize,
     growable: bool,
-    serve: bool,
+    serve: Serve,
 ) -> Result<()> {
     let n = KEEP_THREADS;
     let warps = n.div_ceil(32) as usize;
     let clock = gpu.alloc_zeroed(warps * 16)?;
     let h = keep_heap(gpu, start, growable)?;
-    let svc = if serve { Some(h.serve()?) } else { None };
+    let svc = serve.start(&h)?;
     b.ptrs.zero()?;
     // SAFETY: `b.ptrs` holds n pointers, `b.errors` two u32s and `clock`
     // two words per warp; all outlive the launch, which `gpu.time` waits
@@ -426,8 +479,10 @@ fn no_growth_needed(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) ->
     let fixed = DeviceHeap::new(gpu, 1 << 30)?;
     let growable = DeviceHeap::growable(gpu, 1 << 30, RESERVE)?;
     let svc = growable.serve()?;
-    let heaps = [&fixed, &growable];
-    let mut ms = [Vec::new(), Vec::new()];
+    let ahead = DeviceHeap::growable(gpu, 1 << 30, RESERVE)?;
+    let svc_ahead = ahead.serve_ahead(75)?;
+    let heaps = [&fixed, &growable, &ahead];
+    let mut ms = [Vec::new(), Vec::new(), Vec::new()];
     for rep in 0..=reps * 3 {
         for (i, h) in heaps.iter().enumerate() {
             // SAFETY: `b.errors` holds two u32s; the heaps and the buffer
@@ -440,22 +495,20 @@ fn no_growth_needed(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) ->
         }
     }
     drop(svc);
+    drop(svc_ahead);
     let e = b.errors()?;
     let case = "pair 1M x 16 B, no growth needed";
-    let [f, g] = ms;
-    let mut rf = row(case, "cuheap, fixed heap".into(), f, fixed.capacity());
-    let mut rg = row(
-        case,
-        "cuheap, growable heap with its service".into(),
-        g,
-        growable.capacity(),
-    );
-    for (r, h) in [(&mut rf, &fixed), (&mut rg, &growable)] {
+    let names = [
+        "cuheap, fixed heap",
+        "cuheap, growable heap with its service",
+        "cuheap, growable heap with its service keeping memory ahead at 75% full",
+    ];
+    for ((name, h), t) in names.into_iter().zip(heaps).zip(ms) {
+        let mut r = row(case, name.into(), t, h.capacity());
         r.nulls = e[0];
         r.errors = e[1] + u32::from(!h.stats()?.is_empty());
+        report.rows.push(r);
     }
-    report.rows.push(rf);
-    report.rows.push(rg);
     Ok(())
 }
 
