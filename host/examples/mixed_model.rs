@@ -1,6 +1,7 @@
 //! The host benchmark's mixed case (10,000 live blocks of 256 B..1 MiB,
 //! allocate all then free all, three rounds) on the pool over host
-//! memory: the pool's own time per call, without a GPU.
+//! memory: the pool's own time per call, without a GPU. `ROUNDS=N` runs
+//! N rounds (for sampling the steady state).
 
 use cuheap_host::{HostBackend, HostStream, Pool, PoolConfig};
 use std::time::Instant;
@@ -23,7 +24,11 @@ fn main() {
     let sizes: Vec<usize> = (0..10_000)
         .map(|_| 256 + (next() % (1 << 20)) as usize)
         .collect();
-    for round in 0..3 {
+    let rounds = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    for round in 0..rounds {
         let mut times: Vec<f64> = Vec::with_capacity(sizes.len());
         let live: Vec<u64> = sizes
             .iter()
