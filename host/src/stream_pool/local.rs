@@ -8,13 +8,17 @@
 //!   with its own call counters and bytes in use. Reuse on the stream
 //!   that freed a block needs no wait (stream order puts the new work
 //!   after the old), so a thread's frees serve its allocations at once.
-//! - The blocks sit behind one pointer, which their thread swaps out for
-//!   the length of a call and stores back after: one exchange on a cache
-//!   line of its own (no other thread writes it in the common case). The pool reaches
-//!   them the same way ([`Local::with_held`]), waiting while the thread
-//!   holds them (a few instructions with no wait inside); a thread that
-//!   finds its pointer taken goes the locked way, through its stream's
-//!   cache.
+//! - The blocks are reached by their thread with no locked instruction:
+//!   it marks itself busy (a plain store), then reads whether the pool
+//!   claimed them (a plain load); the pool claims them, then waits until
+//!   the thread is not busy ([`Local::with_held`]; a few instructions with
+//!   no wait inside). The two sides form a Dekker pair whose store-load
+//!   order the pool pays for alone, with a process-wide barrier
+//!   (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` on Linux, see
+//!   [`barrier`]); where the kernel lacks it (or
+//!   `CUHEAP_POOL_MEMBARRIER=0`) both sides use a full fence. A thread
+//!   that finds its blocks claimed goes the locked way, through its
+//!   stream's cache.
 //! - Bounded: past [`LOCAL_BYTES`] bytes, or [`LOCAL_PER_KEY`] blocks of
 //!   one size, blocks spill into the stream's cache (whose bounds then
 //!   apply). Everything goes into the stream's cache when the thread
@@ -31,9 +35,8 @@
 use super::cache::{Cache, StreamCache};
 use crate::backend::Backend;
 use std::any::Any;
-use std::cell::RefCell;
-use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::cell::{RefCell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 /// The largest block a thread cache holds.
@@ -52,19 +55,30 @@ const LOCAL_STREAMS: usize = 8;
 #[repr(align(128))]
 pub(super) struct Local<B: Backend> {
     sc: Weak<StreamCache<B>>,
-    /// The blocks (a leaked `Box`); null while someone holds them.
-    held: AtomicPtr<Cache<()>>,
-    /// Set (while held) when the pool ended this cache: its blocks went
+    /// The blocks: the owning thread reaches them while `busy` and not
+    /// `claimed`, the pool while `claimed` and not `busy` (see
+    /// [`Local::try_held`] and [`Local::with_held`]).
+    blocks: UnsafeCell<Cache<()>>,
+    /// Written by the owning thread alone: it is in a call on the blocks.
+    busy: AtomicBool,
+    /// The pool holds the blocks (one holder at a time).
+    claimed: AtomicBool,
+    /// Set (while claimed) when the pool ended this cache: its blocks went
     /// to the stream's cache and no more go here.
     dead: AtomicBool,
 }
 
-/// Stores the blocks back when a holder is done, even one that panics.
-struct Hold<'a>(&'a AtomicPtr<Cache<()>>, *mut Cache<()>);
+// SAFETY: `blocks` is reached only by the side that holds it (the owner
+// while busy and unclaimed, one claimer while the owner is not busy);
+// `barrier` orders the two sides' flags (see `try_held`).
+unsafe impl<B: Backend> Sync for Local<B> {}
 
-impl Drop for Hold<'_> {
+/// Clears a flag when its holder is done, even one that panics.
+struct Release<'a>(&'a AtomicBool);
+
+impl Drop for Release<'_> {
     fn drop(&mut self) {
-        self.0.store(self.1, Ordering::Release);
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -72,7 +86,9 @@ impl<B: Backend> Local<B> {
     fn new(sc: &Arc<StreamCache<B>>) -> Local<B> {
         Local {
             sc: Arc::downgrade(sc),
-            held: AtomicPtr::new(Box::into_raw(Box::default())),
+            blocks: UnsafeCell::new(Cache::default()),
+            busy: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
             dead: AtomicBool::new(false),
         }
     }
@@ -87,14 +103,11 @@ impl<B: Backend> Local<B> {
         self.dead.store(true, Ordering::Relaxed);
     }
 
-    /// Runs `f` on the blocks, waiting while another holds them.
+    /// Runs `f` on the blocks, waiting while another claimer holds them
+    /// and while their thread is in a call on them.
     pub(super) fn with_held<R>(&self, f: impl FnOnce(&mut Cache<()>) -> R) -> R {
         let mut spins = 0u32;
-        let m = loop {
-            let m = self.held.swap(null_mut(), Ordering::Acquire);
-            if !m.is_null() {
-                break m;
-            }
+        let mut pause = || {
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();
@@ -102,36 +115,110 @@ impl<B: Backend> Local<B> {
                 std::thread::yield_now();
             }
         };
-        let _back = Hold(&self.held, m);
-        // SAFETY: `m` came from `Box::into_raw` and was swapped out of
-        // `held`, so no one else reaches it until `_back` stores it back.
-        f(unsafe { &mut *m })
+        while self.claimed.swap(true, Ordering::Acquire) {
+            pause();
+        }
+        let _back = Release(&self.claimed);
+        // The claim's store before the owner's flag's load (the owner pays
+        // nothing for its side of the order when this is a membarrier).
+        barrier::heavy();
+        while self.busy.load(Ordering::Acquire) {
+            pause();
+        }
+        // SAFETY: claimed, and its thread is not in a call on the blocks:
+        // it saw the claim or will (`barrier`), and leaves them alone.
+        f(unsafe { &mut *self.blocks.get() })
     }
 
-    /// Runs `f` on the blocks unless someone holds them or the cache is
-    /// dead.
+    /// The owning thread's way in: runs `f` on the blocks unless the pool
+    /// holds them, the cache is dead, or the thread is already in a call
+    /// on them (re-entered). No locked instruction: a store of `busy`, a
+    /// compiler fence, a load of `claimed` (with the membarrier; else a
+    /// full fence between them).
+    ///
+    /// Only the thread that owns this cache may call it (its `LOCALS`).
     #[inline]
     fn try_held<R>(&self, f: impl FnOnce(&mut Cache<()>) -> R) -> Option<R> {
-        let m = self.held.swap(null_mut(), Ordering::Acquire);
-        if m.is_null() {
+        if self.busy.load(Ordering::Relaxed) {
+            return None; // re-entered: the outer call holds the blocks
+        }
+        self.busy.store(true, Ordering::Relaxed);
+        let _done = Release(&self.busy);
+        barrier::light();
+        if self.claimed.load(Ordering::Acquire) || self.is_dead() {
             return None;
         }
-        let _back = Hold(&self.held, m);
-        if self.is_dead() {
-            return None;
-        }
-        // SAFETY: as in `with_held`.
-        Some(f(unsafe { &mut *m }))
+        // SAFETY: busy, and no claimer saw it idle since it set `busy`:
+        // a claim made before the barrier pair is seen above; one made
+        // after it waits for `busy` to clear.
+        Some(f(unsafe { &mut *self.blocks.get() }))
     }
 }
 
-impl<B: Backend> Drop for Local<B> {
-    fn drop(&mut self) {
-        let m = *self.held.get_mut();
-        if !m.is_null() {
-            // SAFETY: from `Box::into_raw`, and no one else holds it (we
-            // are the last owner).
-            drop(unsafe { Box::from_raw(m) });
+/// The two sides of the thread caches' Dekker pair (see the module
+/// documentation): `light` on the owning thread's every call, `heavy` on
+/// the pool's rare claims. With `membarrier`'s private expedited command
+/// (registered once, before the first thread cache is made), `light` is
+/// a compiler fence and `heavy` makes every running thread of the
+/// process pass a full barrier; without it both are full fences.
+pub(super) mod barrier {
+    use std::sync::atomic::{compiler_fence, fence, AtomicU8, Ordering};
+
+    /// 0: not decided (full fences), 1: full fences, 2: membarrier.
+    static MODE: AtomicU8 = AtomicU8::new(0);
+
+    /// Decides the mode; [`super::install`] calls it before it makes a
+    /// thread cache, so every cache's both sides read the same mode.
+    pub(in super::super) fn init() {
+        if MODE.load(Ordering::Acquire) == 0 {
+            let m = if membarrier_on() { 2 } else { 1 };
+            // A racing init decides the same; the first store stands.
+            let _ = MODE.compare_exchange(0, m, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Whether the membarrier is used.
+    #[cfg(test)]
+    pub(in super::super) fn membarrier_used() -> bool {
+        MODE.load(Ordering::Acquire) == 2
+    }
+
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn membarrier_on() -> bool {
+        use rustix::thread::{membarrier, MembarrierCommand};
+        if std::env::var_os("CUHEAP_POOL_MEMBARRIER").is_some_and(|v| v == "0") {
+            return false;
+        }
+        membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
+    }
+
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    fn membarrier_on() -> bool {
+        false
+    }
+
+    #[inline(always)]
+    pub(super) fn light() {
+        if MODE.load(Ordering::Relaxed) == 2 {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    pub(super) fn heavy() {
+        if MODE.load(Ordering::Relaxed) != 2 {
+            fence(Ordering::SeqCst);
+            return;
+        }
+        #[cfg(all(target_os = "linux", not(miri)))]
+        {
+            use rustix::thread::{membarrier, MembarrierCommand};
+            // Registered, so it cannot fail; if it did, the owners'
+            // compiler fences would not order their flags: stop.
+            if let Err(e) = membarrier(MembarrierCommand::PrivateExpedited) {
+                panic!("cuheap: membarrier failed after it was registered: {e}");
+            }
         }
     }
 }
@@ -227,6 +314,7 @@ pub(super) fn with_local<B: Backend, R>(
 /// of a dead one. Call it holding no stream cache's lock: a cache pushed
 /// out leaves into its stream's.
 pub(super) fn install<B: Backend>(pool: u64, sc: &Arc<StreamCache<B>>) {
+    barrier::init();
     let local = Arc::new(Local::new(sc));
     {
         let mut l = sc.locals.lock().unwrap_or_else(|p| p.into_inner());
@@ -271,6 +359,8 @@ mod tests {
     /// Miri, which checks the pointer handling.)
     #[test]
     fn owner_and_gatherer_never_hold_the_blocks_at_once() {
+        barrier::init();
+        println!("membarrier used: {}", barrier::membarrier_used());
         let sc = Arc::new(StreamCache::<HostBackend>::new(&HostStream::new()));
         let local = Local::new(&sc);
         let key = super::super::cache::Key::Class(20);
