@@ -437,13 +437,11 @@ impl<B: Backend> StreamCache<B> {
             l.retain(|w| w.strong_count() > 0);
             l.iter().filter_map(Weak::upgrade).collect()
         };
-        for l in locals {
-            l.with_held(|m| {
-                if !l.is_dead() {
-                    f(&l, m)
-                }
-            });
-        }
+        super::local::with_all_held(&locals, |l, m| {
+            if !l.is_dead() {
+                f(l, m)
+            }
+        });
     }
 }
 

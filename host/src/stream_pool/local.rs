@@ -15,8 +15,10 @@
 //!   no wait inside). The two sides form a Dekker pair whose store-load
 //!   order the pool pays for alone, with a process-wide barrier
 //!   (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` on Linux, see
-//!   [`barrier`]); where the kernel lacks it (or
-//!   `CUHEAP_POOL_MEMBARRIER=0`) both sides use a full fence. A thread
+//!   [`barrier`]; one for all the caches the pool claims at once,
+//!   [`with_all_held`]); where it is not there (other systems, a kernel
+//!   or a sandbox without it, Miri) or with `CUHEAP_POOL_MEMBARRIER=0`,
+//!   both sides use a full fence. A thread
 //!   that finds its blocks claimed goes the locked way, through its
 //!   stream's cache.
 //! - Bounded: past [`LOCAL_BYTES`] bytes, or [`LOCAL_PER_KEY`] blocks of
@@ -84,6 +86,8 @@ impl Drop for Release<'_> {
 
 impl<B: Backend> Local<B> {
     fn new(sc: &Arc<StreamCache<B>>) -> Local<B> {
+        // Before any side of this cache can run: both read one mode.
+        barrier::init();
         Local {
             sc: Arc::downgrade(sc),
             blocks: UnsafeCell::new(Cache::default()),
@@ -106,28 +110,33 @@ impl<B: Backend> Local<B> {
     /// Runs `f` on the blocks, waiting while another claimer holds them
     /// and while their thread is in a call on them.
     pub(super) fn with_held<R>(&self, f: impl FnOnce(&mut Cache<()>) -> R) -> R {
-        let mut spins = 0u32;
-        let mut pause = || {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        };
-        while self.claimed.swap(true, Ordering::Acquire) {
-            pause();
-        }
-        let _back = Release(&self.claimed);
+        let _back = self.claim();
         // The claim's store before the owner's flag's load (the owner pays
         // nothing for its side of the order when this is a membarrier).
         barrier::heavy();
-        while self.busy.load(Ordering::Acquire) {
-            pause();
-        }
+        self.wait_idle();
         // SAFETY: claimed, and its thread is not in a call on the blocks:
         // it saw the claim or will (`barrier`), and leaves them alone.
         f(unsafe { &mut *self.blocks.get() })
+    }
+
+    /// Claims the blocks (waiting while another claimer holds them);
+    /// the claim ends when the returned guard drops. The owner is not
+    /// kept out until a [`barrier::heavy`] after the claim.
+    fn claim(&self) -> Release<'_> {
+        let mut spins = 0u32;
+        while self.claimed.swap(true, Ordering::Acquire) {
+            pause(&mut spins);
+        }
+        Release(&self.claimed)
+    }
+
+    /// Waits until the owning thread is not in a call on the blocks.
+    fn wait_idle(&self) {
+        let mut spins = 0u32;
+        while self.busy.load(Ordering::Acquire) {
+            pause(&mut spins);
+        }
     }
 
     /// The owning thread's way in: runs `f` on the blocks unless the pool
@@ -155,6 +164,35 @@ impl<B: Backend> Local<B> {
     }
 }
 
+/// A short wait in a spin: a pause, then yielding the CPU.
+fn pause(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// Runs `f` on the blocks of each of `locals`, as [`Local::with_held`]
+/// does for one, with one heavy barrier for all: claims each in order,
+/// then takes each once its thread is not in a call on it, and lets go
+/// of each after its `f`. Claimers take caches in their stream's list
+/// order, so two of them never wait for each other in a cycle.
+pub(super) fn with_all_held<B: Backend>(
+    locals: &[Arc<Local<B>>],
+    mut f: impl FnMut(&Local<B>, &mut Cache<()>),
+) {
+    let claims: Vec<Release<'_>> = locals.iter().map(|l| l.claim()).collect();
+    barrier::heavy();
+    for (l, claim) in locals.iter().zip(claims) {
+        l.wait_idle();
+        // SAFETY: as in `with_held`.
+        f(l, unsafe { &mut *l.blocks.get() });
+        drop(claim);
+    }
+}
+
 /// The two sides of the thread caches' Dekker pair (see the module
 /// documentation): `light` on the owning thread's every call, `heavy` on
 /// the pool's rare claims. With `membarrier`'s private expedited command
@@ -167,12 +205,14 @@ pub(super) mod barrier {
     /// 0: not decided (full fences), 1: full fences, 2: membarrier.
     static MODE: AtomicU8 = AtomicU8::new(0);
 
-    /// Decides the mode; [`super::install`] calls it before it makes a
-    /// thread cache, so every cache's both sides read the same mode.
+    /// Decides the mode; every thread cache calls it as it is made
+    /// ([`super::Local::new`]), before either of its sides can run, so
+    /// both read the same mode.
     pub(in super::super) fn init() {
         if MODE.load(Ordering::Acquire) == 0 {
             let m = if membarrier_on() { 2 } else { 1 };
-            // A racing init decides the same; the first store stands.
+            // The first decision stands (a racing one may differ, say
+            // if the registration failed for it): every reader sees it.
             let _ = MODE.compare_exchange(0, m, Ordering::AcqRel, Ordering::Acquire);
         }
     }
@@ -214,10 +254,20 @@ pub(super) mod barrier {
         #[cfg(all(target_os = "linux", not(miri)))]
         {
             use rustix::thread::{membarrier, MembarrierCommand};
-            // Registered, so it cannot fail; if it did, the owners'
-            // compiler fences would not order their flags: stop.
-            if let Err(e) = membarrier(MembarrierCommand::PrivateExpedited) {
-                panic!("cuheap: membarrier failed after it was registered: {e}");
+            // Registered, so it fails only for want of kernel memory (or
+            // a rule that refuses it later): try again, then the global
+            // command (no registration, slower). The owners' compiler
+            // fences order nothing without one of them: stop if both
+            // fail.
+            let mut last = None;
+            for _ in 0..3 {
+                match membarrier(MembarrierCommand::PrivateExpedited) {
+                    Ok(()) => return,
+                    Err(e) => last = Some(e),
+                }
+            }
+            if let Err(e) = membarrier(MembarrierCommand::Global) {
+                panic!("cuheap: membarrier failed after it was registered ({last:?}), and globally ({e})");
             }
         }
     }
@@ -314,7 +364,6 @@ pub(super) fn with_local<B: Backend, R>(
 /// of a dead one. Call it holding no stream cache's lock: a cache pushed
 /// out leaves into its stream's.
 pub(super) fn install<B: Backend>(pool: u64, sc: &Arc<StreamCache<B>>) {
-    barrier::init();
     let local = Arc::new(Local::new(sc));
     {
         let mut l = sc.locals.lock().unwrap_or_else(|p| p.into_inner());
@@ -356,7 +405,7 @@ mod tests {
 
     /// The owner's calls and the pool's gathering hand the blocks back and
     /// forth: every block ends up in exactly one place. (Also run under
-    /// Miri, which checks the pointer handling.)
+    /// Miri, in the full-fence mode: Miri has no membarrier.)
     #[test]
     fn owner_and_gatherer_never_hold_the_blocks_at_once() {
         barrier::init();
@@ -394,6 +443,36 @@ mod tests {
         local.with_held(|_| local.kill());
         assert!(local.try_held(|_| ()).is_none());
         assert_eq!(local.with_held(|m| m.bytes), 0);
+    }
+
+    /// A pass over several caches at once (one barrier for all) while
+    /// their owners keep pushing: every block ends up in exactly one place.
+    #[test]
+    fn a_pass_over_several_caches_takes_every_block_once() {
+        let sc = Arc::new(StreamCache::<HostBackend>::new(&HostStream::new()));
+        let locals: Vec<Arc<Local<HostBackend>>> =
+            (0..3).map(|_| Arc::new(Local::new(&sc))).collect();
+        let key = super::super::cache::Key::Class(20);
+        let n: u64 = if cfg!(miri) { 40 } else { 10_000 };
+        let gathered = std::thread::scope(|s| {
+            for (t, l) in locals.iter().enumerate() {
+                s.spawn(move || {
+                    for i in 1..=n {
+                        let ptr = (t as u64) << 32 | i;
+                        while l.try_held(|m| m.push(key, ptr)).is_none() {}
+                    }
+                });
+            }
+            let mut got = Vec::new();
+            while got.len() < 3 * n as usize {
+                with_all_held(&locals, |_, m| got.extend(m.drain()));
+                std::thread::yield_now();
+            }
+            got
+        });
+        let distinct: HashSet<u64> = gathered.iter().copied().collect();
+        assert_eq!(distinct.len(), gathered.len(), "a block twice");
+        assert_eq!(distinct.len(), 3 * n as usize);
     }
 
     /// A thread's caches leave into their streams when it exits.
