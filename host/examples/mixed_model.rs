@@ -24,10 +24,7 @@ fn main() {
     let sizes: Vec<usize> = (0..10_000)
         .map(|_| 256 + (next() % (1 << 20)) as usize)
         .collect();
-    let rounds = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let rounds = std::env::var("ROUNDS").map_or(3, |v| v.parse().expect("a round count"));
     for round in 0..rounds {
         let mut times: Vec<f64> = Vec::with_capacity(sizes.len());
         let live: Vec<u64> = sizes
