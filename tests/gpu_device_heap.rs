@@ -499,10 +499,11 @@ fn vec_building_kernel_matches_the_cpu() {
 /// The allocation kernels fit two blocks of 256 threads per SM: the
 /// default register cap reaches the compiler (uncapped, the loop of a
 /// thread waiting for growth gave them 150 registers, half the warps per
-/// SM and a slower allocation for every kernel).
+/// SM and a slower allocation for every kernel). The free kernel fits six
+/// ([`cuheap::FREE_MAX_REGISTERS`]).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn allocation_kernels_keep_two_blocks_per_sm() {
+fn allocation_kernels_keep_two_blocks_per_sm_and_the_free_kernel_six() {
     if std::env::var_os("CUHEAP_MAX_REGISTERS").is_some() {
         return; // the user's cap, not the default, decides
     }
@@ -516,8 +517,11 @@ fn allocation_kernels_keep_two_blocks_per_sm() {
     ] {
         let r = gpu.registers(k).unwrap();
         println!("{k}: {r} registers");
+        let cap = cuheap::register_cap(k).unwrap_or(cap);
         assert!(r <= cap, "{k} takes {r} registers a thread (cap {cap})");
     }
+    // The free kernel's own cap, written into its PTX, is the one that holds.
+    assert!(gpu.registers("free_cuheap").unwrap() <= cuheap::FREE_MAX_REGISTERS);
 }
 
 /// With far lists ([`DeviceHeap::set_far_lists`]) the heap passes the

@@ -190,6 +190,65 @@ fn a_service_that_keeps_memory_ahead_maps_before_threads_run_short() {
     );
 }
 
+/// 1M threads of mixed sizes (16 B to 4 KiB, about 0.9 GiB) from 64 MiB
+/// in one launch, on a fresh heap and on one served only after it ran
+/// short without a service, grew between launches and was trimmed back
+/// (what a CUDA C++ program does through the C API): no null, every
+/// block checked, both times.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_heap_served_after_growth_and_a_trim_grows_in_the_launch() {
+    let _one = one_at_a_time();
+    let gpu = gpu();
+    let start = 64usize << 20;
+    let n = 1u32 << 20;
+    let b = Bufs::new(&gpu, n);
+    let served_launch = |h: &DeviceHeap, what: &str| {
+        let svc = h.serve().unwrap();
+        let t = Instant::now();
+        alloc(&gpu, h, &b, n, 0);
+        let wall = t.elapsed();
+        let e = b.take_errors();
+        let (s, g, why) = (h.stats().unwrap(), h.growth_stats(), h.growth_refusal());
+        println!(
+            "{what}: {wall:?}, {} nulls, {} MiB, {g:?}, refusal {why:?}, requests {} waits {} timeouts {} refusals {}",
+            e[0],
+            h.capacity() >> 20,
+            s.grow_requests,
+            s.grow_waits,
+            s.grow_timeouts,
+            s.grow_refusals
+        );
+        assert_eq!(e, [0, 0], "{what}: {s:?} {g:?} {why:?}");
+        fill_check(&gpu, &b, n, 0);
+        assert_eq!(b.take_errors(), [0, 0], "{what}: blocks overlap");
+        svc.stop().unwrap();
+        free(&gpu, h, &b, n);
+        assert!(h.stats().unwrap().is_empty(), "{what}");
+    };
+    let fresh = DeviceHeap::growable(&gpu, start, 4 << 30).unwrap();
+    served_launch(&fresh, "fresh heap");
+    drop(fresh);
+    let h = DeviceHeap::growable(&gpu, start, 4 << 30).unwrap();
+    alloc(&gpu, &h, &b, n, 0);
+    let short = h.stats().unwrap();
+    assert!(
+        b.take_errors()[0] > 0 && short.failed_bytes > 0,
+        "{short:?}"
+    );
+    free(&gpu, &h, &b, n);
+    let grown = h
+        .grow(h.capacity() + 2 * short.failed_bytes as usize)
+        .unwrap();
+    alloc(&gpu, &h, &b, n, 0);
+    assert_eq!(b.take_errors(), [0, 0], "grown to {} MiB", grown >> 20);
+    free(&gpu, &h, &b, n);
+    // SAFETY: every launch on this heap was waited for.
+    let trimmed = unsafe { h.trim(0) }.unwrap();
+    assert!(trimmed < grown, "{trimmed} of {grown}");
+    served_launch(&h, "served after a trim");
+}
+
 /// Without a service a growable heap behaves as before: nulls, counted,
 /// and `run_growing` grows between launches; a second service on one
 /// heap is refused; a fixed heap has none.

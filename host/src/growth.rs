@@ -669,11 +669,7 @@ impl Grower {
     /// The pages the heap's classes and spans hold now
     /// (`Counters::units_taken`), read while kernels run.
     fn read_taken(&self) -> Result<u64> {
-        let mut w = [0u64];
-        let at = self.counters + offset_of!(Counters, units_taken) as u64;
-        // SAFETY: one word of the heap's counters; any bytes are a `u64`.
-        unsafe { copy_from_device_on(&mut w, at, &self.stream) }?;
-        Ok(w[0])
+        Ok(self.read()?[offset_of!(Counters, units_taken) / 8])
     }
 
     /// Keeps memory ahead of the heap's fill: once `taken` pages reach

@@ -17,7 +17,7 @@
 use super::problem::*;
 use super::DeviceCsr;
 use crate::kernels::Bench;
-use crate::{DeviceHeap, Error, Gpu, LaunchConfig, Result};
+use crate::{with_register_caps, DeviceHeap, Error, Gpu, LaunchConfig, Result};
 use cuheap_host::DeviceMemory;
 
 /// Registers per thread of every kernel but the thread bin's row kernels
@@ -50,7 +50,7 @@ pub fn register_cap(entry: &str) -> u32 {
 
 /// GPU 0 with the benchmark kernels ([`crate::BENCH_PTX`]) loaded as the
 /// products need them: each kernel at most [`register_cap`] registers
-/// per thread ([`with_register_caps`]). It shares the device's primary context
+/// per thread ([`crate::with_register_caps`]). It shares the device's primary context
 /// (memory, heaps, streams) with every other [`Gpu`] of this process.
 /// `CUHEAP_MAX_REGISTERS` (16..=255, or 0 for none) sets one cap for
 /// every kernel instead.
@@ -61,50 +61,12 @@ pub fn open_gpu() -> Result<Gpu> {
     }
     // The caps are in the PTX, entry by entry.
     options.max_registers = None;
-    Gpu::open_with_options(&with_register_caps(crate::BENCH_PTX)?, options)
+    Gpu::open_with_options(&caps(crate::BENCH_PTX)?, options)
 }
 
-/// `ptx` with a `.maxnreg` directive before every entry's body, of
-/// [`register_cap`] registers. An entry whose
-/// header already has a `.maxnreg` keeps it. An error if an entry's body
-/// cannot be found (the PTX is not what the kernels' build writes).
-pub(crate) fn with_register_caps(ptx: &str) -> Result<String> {
-    let mut out = String::with_capacity(ptx.len() + 4096);
-    let mut rest = ptx;
-    while let Some((at, name)) = entry_at(rest) {
-        // The header (name, parameters, directives) ends where the body
-        // opens; parameters hold no braces.
-        let body = rest[at..].find('{').map(|b| at + b).ok_or_else(|| {
-            Error::InvalidArgument(format!("register caps: no body for entry {name}"))
-        })?;
-        let header = &rest[at..body];
-        out.push_str(&rest[..body]);
-        if !header.contains(".maxnreg") {
-            let cap = register_cap(name);
-            if !header.ends_with('\n') {
-                out.push('\n');
-            }
-            out.push_str(&format!(".maxnreg {cap}\n"));
-        }
-        // The body's brace, so that the search goes on after it.
-        out.push('{');
-        rest = &rest[body + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
-/// The next entry's declaration in `ptx` ([`crate::entry_name`]): where
-/// its line's text begins, and its name.
-fn entry_at(ptx: &str) -> Option<(usize, &str)> {
-    let mut line_start = 0;
-    for line in ptx.split_inclusive('\n') {
-        if let Some(name) = crate::entry_name(line) {
-            return Some((line_start + line.len() - line.trim_start().len(), name));
-        }
-        line_start += line.len();
-    }
-    None
+/// `ptx` with every entry capped at its [`register_cap`].
+fn caps(ptx: &str) -> Result<String> {
+    with_register_caps(ptx, |entry| Some(register_cap(entry)))
 }
 
 /// How the rows of C are allocated.
@@ -534,7 +496,7 @@ mod tests {
     /// same as before (the typed launches check them).
     #[test]
     fn every_entry_gets_its_register_cap() {
-        let capped = with_register_caps(crate::BENCH_PTX).unwrap();
+        let capped = caps(crate::BENCH_PTX).unwrap();
         let before: Vec<_> = crate::entries(crate::BENCH_PTX).collect();
         let after: Vec<_> = crate::entries(&capped).collect();
         assert_eq!(before, after);
@@ -560,7 +522,7 @@ mod tests {
         assert_eq!(thread_bin, 5);
         assert_eq!(capped.matches(".maxnreg").count(), before.len());
         // Applied twice, nothing changes.
-        assert_eq!(with_register_caps(&capped).unwrap(), capped);
+        assert_eq!(caps(&capped).unwrap(), capped);
     }
 
     /// Which kernel gets which cap, by name.
@@ -598,16 +560,16 @@ mod tests {
             (".func f()\n{\n}\n// .entry z\n", ".func f()\n{\n}\n// .entry z\n"),
         ];
         for (ptx, want) in cases {
-            assert_eq!(with_register_caps(ptx).unwrap(), want, "{ptx:?}");
+            assert_eq!(caps(ptx).unwrap(), want, "{ptx:?}");
         }
         // Two entries: each gets its own cap.
         let two = ".visible .entry a()\n{\n}\n.visible .entry spgemm_b_thread()\n{\n}\n";
         assert_eq!(
-            with_register_caps(two).unwrap(),
+            caps(two).unwrap(),
             ".visible .entry a()\n.maxnreg 64\n{\n}\n.visible .entry spgemm_b_thread()\n.maxnreg 128\n{\n}\n"
         );
         // No body: an error that names the entry, not a broken module.
-        let e = with_register_caps(".visible .entry lost(\n\t.param .u64 p\n)\n").unwrap_err();
+        let e = caps(".visible .entry lost(\n\t.param .u64 p\n)\n").unwrap_err();
         assert!(e.to_string().contains("no body for entry lost"), "{e}");
     }
 }
