@@ -340,7 +340,23 @@ int cuheap_device_heap_grow(cuheap_device_heap_t* heap, size_t bytes, size_t* us
 /* Unmaps growth steps at the end that no block uses, keeping at least
  * keep bytes. No kernel that uses the heap may be running or queued. */
 int cuheap_device_heap_trim(cuheap_device_heap_t* heap, size_t keep, size_t* mapped);
-/* Frees the heap; no kernel may use it any more. NULL does nothing. */
+/* Starts a host thread that grows the heap while kernels run: a thread
+ * that finds the heap short waits (at most 2 s) until more is mapped,
+ * instead of getting NULL (NULL still comes at max or when the device is
+ * full). fill_percent 0: grow when asked; 1-99: also map the next step
+ * once the heap is that full, so kernels find it mapped. A fixed heap, a
+ * heap already served or a fill over 99: CUHEAP_ERROR_INVALID.
+ * While such a kernel runs, no host thread may wait in a synchronous
+ * copy queued behind it (cudaMemcpy right after the launch): that holds
+ * up the service's driver calls until the kernel ends, and its waiting
+ * threads time out and get NULL. Synchronise first (cudaDeviceSynchronize
+ * or cudaStreamSynchronize), then copy. */
+int cuheap_device_heap_serve(cuheap_device_heap_t* heap, unsigned fill_percent);
+/* Stops the heap's growth service, if one runs (waiting threads then get
+ * NULL). */
+int cuheap_device_heap_stop_serving(cuheap_device_heap_t* heap);
+/* Frees the heap (stopping its growth service); no kernel may use it any
+ * more. NULL does nothing. */
 int cuheap_device_heap_destroy(cuheap_device_heap_t* heap);
 
 /* --- One pool per device for the process: PyTorch and CuPy. --- */

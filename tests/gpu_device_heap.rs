@@ -217,20 +217,7 @@ const DEMO_CU: &str = include_str!("capi/demo.cu");
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn c_abi_from_cuda_cpp() {
-    let dir = std::env::temp_dir().join(format!("cuheap-capi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (src, out) = (dir.join("demo.cu"), dir.join("demo.ptx"));
-    std::fs::write(&src, DEMO_CU).unwrap();
-    let st = std::process::Command::new(nvcc())
-        .args(["-rdc=true", "-ptx", "-arch=sm_80"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(st.success(), "nvcc failed");
-    let demo = std::fs::read_to_string(&out).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    let demo = nvcc_ptx("demo", DEMO_CU);
     let gpu = cuheap::open_linked(&[&demo]).unwrap();
     let h = DeviceHeap::new(&gpu, 1 << 30).unwrap();
     h.install(&gpu).unwrap();

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use cuheap::DeviceHeap;
+use cuheap::{DeviceHeap, DevicePtr, LaunchConfig};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -247,6 +247,73 @@ fn a_heap_served_after_growth_and_a_trim_grows_in_the_launch() {
     let trimmed = unsafe { h.trim(0) }.unwrap();
     assert!(trimmed < grown, "{trimmed} of {grown}");
     served_launch(&h, "served after a trim");
+}
+
+/// The CUDA C++ side of [`cuda_cpp_kernels_grow_the_module_heap_in_the_launch`],
+/// carried by the test executable (it may run far from the source tree).
+const GROW_CU: &str = include_str!("capi/grow.cu");
+
+/// CUDA C++ kernels that allocate through the C ABI's `cuheap_malloc`
+/// (the module's heap, installed) grow a served heap from 64 MiB in one
+/// launch, as Rust kernels do: 1M threads, every warp in nine classes
+/// (16 B to 4 KiB, each block filled whole), the same with one word
+/// written, and 1 KiB each; no null, every block checked.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_cpp_kernels_grow_the_module_heap_in_the_launch() {
+    let _one = one_at_a_time();
+    let ptx = nvcc_ptx("grow", GROW_CU);
+    let gpu = cuheap::open_linked(&[&ptx]).unwrap();
+    type Args = (u32, u32, DevicePtr<u64>, DevicePtr<u32>);
+    let fill = gpu.kernel::<Args>("grow_fill").unwrap();
+    let check = gpu.kernel::<Args>("grow_check_free").unwrap();
+    let n = 1u32 << 20;
+    let ptrs = gpu.alloc_zeroed(n as usize * 8).unwrap();
+    let errors = gpu.alloc_zeroed(8).unwrap();
+    let mut failed = Vec::new();
+    // The host waits for the launch with a context synchronise before it
+    // reads anything. A synchronous copy queued behind the launch on the
+    // legacy default stream instead (`cudaMemcpy` right after it) holds
+    // up the service's driver calls until the kernel ends, and its
+    // waiting threads time out: on an H100 80 GB, 1M threads of mode 0
+    // got 828,921 nulls in 64 s (`docs/growth-behind-a-sync-copy-h100.txt`).
+    for mode in [0u32, 1, 2] {
+        let h = DeviceHeap::growable(&gpu, 64 << 20, 4 << 30).unwrap();
+        h.install(&gpu).unwrap();
+        let svc = h.serve().unwrap();
+        let args = (n, mode, ptrs.as_ptr(), errors.as_ptr());
+        let t = Instant::now();
+        // SAFETY: `ptrs` holds n pointers and `errors` two u32s; they and
+        // the installed heap outlive the launch, which is waited for.
+        unsafe { fill.launch(&LaunchConfig::for_threads(n), args) }.unwrap();
+        gpu.sync().unwrap();
+        let wall = t.elapsed();
+        let mut e = [0u32; 2];
+        errors.read(0, &mut e).unwrap();
+        let (s, g, why) = (h.stats().unwrap(), h.growth_stats(), h.growth_refusal());
+        println!(
+            "C++ mode {mode}: {wall:?}, {} nulls, {} MiB, {g:?}, refusal {why:?}, requests {} waits {} timeouts {} refusals {} failed {}",
+            e[0],
+            h.capacity() >> 20,
+            s.grow_requests,
+            s.grow_waits,
+            s.grow_timeouts,
+            s.grow_refusals,
+            s.failed_allocs
+        );
+        // SAFETY: as above.
+        unsafe { check.launch(&LaunchConfig::for_threads(n), args) }.unwrap();
+        gpu.sync().unwrap();
+        let mut after = [0u32; 2];
+        errors.read(0, &mut after).unwrap();
+        errors.zero().unwrap();
+        svc.stop().unwrap();
+        if e[0] != 0 || after[1] != 0 {
+            failed.push((mode, e[0], after[1]));
+        }
+        assert!(h.stats().unwrap().is_empty(), "mode {mode}: blocks left");
+    }
+    assert!(failed.is_empty(), "(mode, nulls, damaged): {failed:?}");
 }
 
 /// Without a service a growable heap behaves as before: nulls, counted,

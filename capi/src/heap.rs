@@ -8,8 +8,9 @@
 
 use crate::{current_context, entry, invalid, put};
 use cuheap_core::{Counts, HeapHandle, PAGE_SIZE};
-use cuheap_host::{DeviceHeap, Gpu, LoadOptions, Result};
+use cuheap_host::{DeviceHeap, Gpu, GrowthService, LoadOptions, Result};
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Mutex;
 
 /// A module with nothing in it: the heap needs a context, not kernels.
 const EMPTY_PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n";
@@ -31,6 +32,9 @@ pub use cuheap_core::CStats as CuheapStats;
 
 /// A device heap (`cuheap_device_heap_t`).
 pub struct CuheapDeviceHeap {
+    /// Its growth service while one runs (`cuheap_device_heap_serve`).
+    /// Declared before `heap`, so it stops before the heap goes.
+    service: Mutex<Option<GrowthService<'static>>>,
     heap: DeviceHeap,
     /// Bytes it may grow to (`initial` for a fixed heap).
     max: usize,
@@ -88,6 +92,7 @@ pub unsafe extern "C" fn cuheap_device_heap_create(
             DeviceHeap::new(&gpu, initial)?
         };
         let h = Box::into_raw(Box::new(CuheapDeviceHeap {
+            service: Mutex::new(None),
             heap,
             max: max.max(initial),
         }));
@@ -269,8 +274,79 @@ pub unsafe extern "C" fn cuheap_device_heap_trim(
     })
 }
 
+/// Starts a host thread that grows the heap while kernels run: `int
+/// cuheap_device_heap_serve(cuheap_device_heap_t*, unsigned
+/// fill_percent)`. A kernel's thread that finds the heap short asks it for
+/// pages and waits (bounded: 2 s) until they are mapped, instead of
+/// getting NULL; NULL still comes when the heap's maximum or the device's
+/// memory is reached. `fill_percent` 0 grows on demand only; 1 to 99 also
+/// keeps memory ahead: once the heap's pages are that full, the thread
+/// maps the next step at once (see `DeviceHeap::serve_ahead`). A fixed
+/// heap, a heap already served or a fill over 99 is
+/// `CUHEAP_ERROR_INVALID`. The service runs until
+/// `cuheap_device_heap_stop_serving` or `cuheap_device_heap_destroy`.
+///
+/// While a kernel that may wait for growth runs, no host thread of the
+/// process may wait in a synchronous copy queued behind it (`cudaMemcpy`
+/// right after the launch): the service's driver calls then wait until
+/// the kernel ends, and its waiting threads time out (on an H100 80 GB,
+/// 1M threads got 828,921 NULLs in 64 s:
+/// `docs/growth-behind-a-sync-copy-h100.txt`). Synchronise first.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_serve(
+    heap: *const CuheapDeviceHeap,
+    fill_percent: c_uint,
+) -> c_int {
+    entry("cuheap_device_heap_serve", || {
+        // SAFETY: the caller's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        let mut slot = h.service.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return invalid("the heap already has a growth service");
+        }
+        let svc = match fill_percent {
+            0 => h.heap.serve()?,
+            f => h.heap.serve_ahead(f)?,
+        };
+        // SAFETY: the service borrows `h.heap`; it lives in `h.service`,
+        // which is emptied by `cuheap_device_heap_stop_serving` and
+        // dropped before `h.heap` (field order) when the heap is
+        // destroyed, so it never outlives the heap.
+        *slot =
+            Some(unsafe { std::mem::transmute::<GrowthService<'_>, GrowthService<'static>>(svc) });
+        Ok(())
+    })
+}
+
+/// Stops the heap's growth service, if one runs: `int
+/// cuheap_device_heap_stop_serving(cuheap_device_heap_t*)`. Threads that
+/// wait for growth then get NULL; later kernels get NULL when the heap is
+/// short, as before the service. Returns the first error the service's
+/// thread met, if any.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_stop_serving(heap: *const CuheapDeviceHeap) -> c_int {
+    entry("cuheap_device_heap_stop_serving", || {
+        // SAFETY: the caller's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        let svc = h.service.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match svc {
+            Some(svc) => svc.stop(),
+            None => Ok(()),
+        }
+    })
+}
+
 /// Destroys a heap and frees its memory: `int
-/// cuheap_device_heap_destroy(cuheap_device_heap_t*)`. NULL does nothing.
+/// cuheap_device_heap_destroy(cuheap_device_heap_t*)`. Its growth service,
+/// if one runs, stops first. NULL does nothing.
 ///
 /// # Safety
 ///

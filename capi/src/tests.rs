@@ -123,6 +123,14 @@ fn null_handles_and_out_pointers_are_refused_with_a_message() {
             CUHEAP_ERROR_INVALID
         );
         assert_eq!(
+            cuheap_device_heap_serve(null_mut(), 0),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_device_heap_stop_serving(null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
             cuheap_device_heap_capacity(null_mut(), null_mut()),
             CUHEAP_ERROR_INVALID
         );
@@ -460,6 +468,19 @@ fn the_device_heap_through_the_c_api() {
         assert_eq!(st, CuheapStats::default(), "an unused heap");
         assert_eq!(cuheap_device_heap_trim(h, 0, &mut cap), CUHEAP_OK);
         assert!(cap < 256 << 20);
+        // The growth service: one at a time, fills of 0 to 99, stopped
+        // again (twice is fine), and stopped by the destroy.
+        assert_eq!(cuheap_device_heap_serve(h, 100), CUHEAP_ERROR_INVALID);
+        assert_eq!(cuheap_device_heap_serve(h, 0), CUHEAP_OK, "{}", last());
+        assert_eq!(cuheap_device_heap_serve(h, 0), CUHEAP_ERROR_INVALID);
+        assert!(
+            last().contains("already has a growth service"),
+            "{}",
+            last()
+        );
+        assert_eq!(cuheap_device_heap_stop_serving(h), CUHEAP_OK);
+        assert_eq!(cuheap_device_heap_stop_serving(h), CUHEAP_OK);
+        assert_eq!(cuheap_device_heap_serve(h, 75), CUHEAP_OK, "{}", last());
         assert_eq!(cuheap_device_heap_destroy(h), CUHEAP_OK);
         let mut fixed = null_mut();
         assert_eq!(cuheap_device_heap_create(8 << 20, 0, &mut fixed), CUHEAP_OK);
@@ -467,6 +488,7 @@ fn the_device_heap_through_the_c_api() {
             cuheap_device_heap_grow(fixed, 16 << 20, null_mut()),
             CUHEAP_ERROR_INVALID
         );
+        assert_eq!(cuheap_device_heap_serve(fixed, 0), CUHEAP_ERROR_INVALID);
         assert_eq!(cuheap_device_heap_destroy(fixed), CUHEAP_OK);
     }
 }

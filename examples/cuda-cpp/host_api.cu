@@ -227,6 +227,29 @@ int main() {
                 usable >> 20, mapped >> 20);
     EXPECT(mapped < usable, "trim gave nothing back");
 
+    // Grown while the kernel runs: a host thread answers the threads that
+    // find the trimmed heap short, and the same launch succeeds whole.
+    // Synchronise before copying: a cudaMemcpy queued behind a kernel
+    // that waits for growth holds up the service until the kernel ends.
+    CHECK(cuheap_device_heap_serve(heap, 0));
+    EXPECT(cuheap_device_heap_serve(heap, 0) == CUHEAP_ERROR_INVALID, "a second growth service");
+    CHECK_CUDA(cudaMemset(errors, 0, 2 * sizeof(unsigned)));
+    alloc_fill<<<n / 256, 256>>>(n, ptrs, errors);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    st = heap_stats(heap);
+    size_t served = 0;
+    CHECK(cuheap_device_heap_capacity(heap, &served));
+    EXPECT(h_err[0] == 0 && st.blocks_in_use == n, "grown in the launch: %u NULLs, %llu blocks in use", h_err[0],
+           st.blocks_in_use);
+    check_free<<<n / 256, 256>>>(n, ptrs, errors);
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    EXPECT(h_err[1] == 0, "%u damaged blocks after growth in the launch", h_err[1]);
+    CHECK(cuheap_device_heap_stop_serving(heap));
+    std::printf("device heap: 1M threads from %zu MiB, grown to %zu MiB while the kernel ran\n", mapped >> 20,
+                served >> 20);
+    EXPECT(served > mapped, "the heap did not grow in the launch");
+
     // --- Two more heaps, used by handle (no install): one per data
     // structure, each with its own counts.
     cuheap_device_heap_t *ha, *hb;

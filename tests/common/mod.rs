@@ -111,3 +111,27 @@ pub fn nvcc() -> std::path::PathBuf {
     }
     panic!("nvcc not found: the CUDA C++ tests compile with it");
 }
+
+/// `source` (CUDA C++ that calls cuheap's C ABI) compiled by nvcc to PTX
+/// for linking with cuheap's (`cuheap::open_linked`), in a directory of
+/// its own under the temporary directory; `name` names the files.
+pub fn nvcc_ptx(name: &str, source: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("cuheap-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, out) = (
+        dir.join(format!("{name}.cu")),
+        dir.join(format!("{name}.ptx")),
+    );
+    std::fs::write(&src, source).unwrap();
+    let st = std::process::Command::new(nvcc())
+        .args(["-rdc=true", "-ptx", "-arch=sm_80"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success(), "nvcc failed on {name}.cu");
+    let ptx = std::fs::read_to_string(&out).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    ptx
+}
