@@ -347,13 +347,14 @@ int cuheap_device_heap_trim(cuheap_device_heap_t* heap, size_t keep, size_t* map
  * once the heap is that full, so kernels find it mapped. A fixed heap, a
  * heap already served or a fill over 99: CUHEAP_ERROR_INVALID.
  * While such a kernel runs, no host thread may wait in a synchronous
- * copy queued behind it (cudaMemcpy right after the launch): that holds
- * up the service's driver calls until the kernel ends, and its waiting
- * threads time out and get NULL. Synchronise first (cudaDeviceSynchronize
- * or cudaStreamSynchronize), then copy. */
+ * copy queued behind it (cudaMemcpy right after the launch, and
+ * cuheap_device_heap_get_stats / _get_counts, which copy on the legacy
+ * default stream): that holds up the service's driver calls until the
+ * kernel ends, and its waiting threads time out and get NULL. Synchronise
+ * first (cudaDeviceSynchronize or cudaStreamSynchronize), then copy. */
 int cuheap_device_heap_serve(cuheap_device_heap_t* heap, unsigned fill_percent);
 /* Stops the heap's growth service, if one runs (waiting threads then get
- * NULL). */
+ * NULL). Returns the first error the service's thread met, if any. */
 int cuheap_device_heap_stop_serving(cuheap_device_heap_t* heap);
 /* Frees the heap (stopping its growth service); no kernel may use it any
  * more. NULL does nothing. */

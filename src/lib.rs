@@ -43,13 +43,16 @@ pub fn open_bench_gpu() -> Result<Gpu> {
 }
 
 /// Opens GPU 0 with the kernels of `ptx` (same settings as [`open_gpu`]):
-/// each kernel at most [`register_cap`] registers per thread, unless
+/// each kernel at most [`kernel_register_cap`] registers per thread, unless
 /// `CUHEAP_MAX_REGISTERS` sets one cap for all.
 pub fn open_ptx(ptx: &str) -> Result<Gpu> {
     if std::env::var_os("CUHEAP_MAX_REGISTERS").is_some() {
         return Gpu::open_with_options(ptx, load_options()?);
     }
-    Gpu::open_with_options(&with_register_caps(ptx, register_cap)?, load_options()?)
+    Gpu::open_with_options(
+        &with_register_caps(ptx, kernel_register_cap)?,
+        load_options()?,
+    )
 }
 
 /// Opens GPU 0 with one module JIT-linked from [`PTX`] and `ptx` (e.g.
@@ -100,7 +103,7 @@ pub const FREE_MAX_REGISTERS: u32 = 40;
 /// The register cap [`open_ptx`] writes into the PTX for the kernel
 /// `entry`: [`FREE_MAX_REGISTERS`] for the free kernel, none for the
 /// others (they keep the module's cap, [`DEFAULT_MAX_REGISTERS`]).
-pub fn register_cap(entry: &str) -> Option<u32> {
+pub fn kernel_register_cap(entry: &str) -> Option<u32> {
     (entry == "free_cuheap").then_some(FREE_MAX_REGISTERS)
 }
 
@@ -217,6 +220,13 @@ pub(crate) fn with_register_caps(ptx: &str, cap: impl Fn(&str) -> Option<u32>) -
     let mut out = String::with_capacity(ptx.len() + 4096);
     let mut rest = ptx;
     while let Some((at, name)) = entry_at(rest) {
+        let Some(cap) = cap(name) else {
+            // Left as it is: the search goes on past its declaration.
+            let next = rest[at..].find('\n').map_or(rest.len(), |n| at + n + 1);
+            out.push_str(&rest[..next]);
+            rest = &rest[next..];
+            continue;
+        };
         // The header (name, parameters, directives) ends where the body
         // opens; parameters hold no braces.
         let body = rest[at..].find('{').map(|b| at + b).ok_or_else(|| {
@@ -224,7 +234,7 @@ pub(crate) fn with_register_caps(ptx: &str, cap: impl Fn(&str) -> Option<u32>) -
         })?;
         let header = &rest[at..body];
         out.push_str(&rest[..body]);
-        if let Some(cap) = cap(name).filter(|_| !header.contains(".maxnreg")) {
+        if !header.contains(".maxnreg") {
             if !header.ends_with('\n') {
                 out.push('\n');
             }
@@ -309,7 +319,7 @@ mod tests {
     /// keep the module's, and every entry reads as before.
     #[test]
     fn only_the_free_kernel_gets_a_register_cap_of_its_own() {
-        let capped = with_register_caps(BENCH_PTX, register_cap).unwrap();
+        let capped = with_register_caps(BENCH_PTX, kernel_register_cap).unwrap();
         assert_eq!(
             entries(BENCH_PTX).collect::<Vec<_>>(),
             entries(&capped).collect::<Vec<_>>()
@@ -317,11 +327,21 @@ mod tests {
         assert_eq!(capped.matches(".maxnreg").count(), 1);
         let at = capped.find(".visible .entry free_cuheap(").unwrap();
         let header = &capped[at..at + capped[at..].find('{').unwrap()];
-        assert!(header.ends_with(")\n.maxnreg 40\n"), "{header}");
-        assert_eq!(register_cap("pair_cuheap"), None);
-        assert_eq!(register_cap("free_cuheap"), Some(FREE_MAX_REGISTERS));
+        assert!(
+            header.ends_with(&format!(")\n.maxnreg {FREE_MAX_REGISTERS}\n")),
+            "{header}"
+        );
+        // An entry with no cap is copied as it is, even one whose body
+        // the search would not find.
+        let bare = ".visible .entry pair_cuheap(\n\t.param .u32 n\n)\n";
+        assert_eq!(with_register_caps(bare, kernel_register_cap).unwrap(), bare);
+        assert_eq!(kernel_register_cap("pair_cuheap"), None);
+        assert_eq!(kernel_register_cap("free_cuheap"), Some(FREE_MAX_REGISTERS));
         // Applied twice, nothing changes.
-        assert_eq!(with_register_caps(&capped, register_cap).unwrap(), capped);
+        assert_eq!(
+            with_register_caps(&capped, kernel_register_cap).unwrap(),
+            capped
+        );
     }
 
     #[test]

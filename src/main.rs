@@ -109,6 +109,8 @@ enum Command {
         no_cuda: bool,
         /// Benchmark the kernels of this PTX file instead of the embedded
         /// `BENCH_PTX` (e.g. `cuheap_bench.ptx` of a build with other settings).
+        /// Its `free_cuheap` gets this build's register cap (40) unless its
+        /// header has a `.maxnreg` or `CUHEAP_MAX_REGISTERS` is set.
         #[arg(long)]
         ptx: Option<PathBuf>,
         /// The device benchmark's heap looks at far SMs' lists before it

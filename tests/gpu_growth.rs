@@ -190,7 +190,7 @@ fn a_service_that_keeps_memory_ahead_maps_before_threads_run_short() {
     );
 }
 
-/// 1M threads of mixed sizes (16 B to 4 KiB, about 0.9 GiB) from 64 MiB
+/// 1M threads of mixed sizes (16 B to 4 KiB, about 2 GiB) from 64 MiB
 /// in one launch, on a fresh heap and on one served only after it ran
 /// short without a service, grew between launches and was trimmed back
 /// (what a CUDA C++ program does through the C API): no null, every

@@ -155,8 +155,11 @@ pub unsafe extern "C" fn cuheap_device_heap_get_stats(
 /// Reads the heap's counts (a copy of its counters, not of its page
 /// table: see `DeviceHeap::counts`): `int
 /// cuheap_device_heap_get_counts(const cuheap_device_heap_t*,
-/// cuheap_counts_t* out)`. Exact between the kernels that allocate;
-/// while they run, each count is a recent value.
+/// cuheap_counts_t* out)`. Exact between the kernels that allocate. The
+/// copy is on the legacy default stream: it waits for kernels queued
+/// there or on blocking streams (and must not, behind one that waits for
+/// growth: see `cuheap_device_heap_serve`); while kernels run on
+/// non-blocking streams, each count is a recent value.
 ///
 /// # Safety
 ///
@@ -291,7 +294,8 @@ pub unsafe extern "C" fn cuheap_device_heap_trim(
 /// right after the launch): the service's driver calls then wait until
 /// the kernel ends, and its waiting threads time out (on an H100 80 GB,
 /// 1M threads got 828,921 NULLs in 64 s:
-/// `docs/growth-behind-a-sync-copy-h100.txt`). Synchronise first.
+/// `docs/growth-behind-a-sync-copy-h100.txt`). `cuheap_device_heap_get_stats`
+/// and `_get_counts` are such copies. Synchronise first.
 ///
 /// # Safety
 ///
@@ -312,10 +316,12 @@ pub unsafe extern "C" fn cuheap_device_heap_serve(
             0 => h.heap.serve()?,
             f => h.heap.serve_ahead(f)?,
         };
-        // SAFETY: the service borrows `h.heap`; it lives in `h.service`,
-        // which is emptied by `cuheap_device_heap_stop_serving` and
-        // dropped before `h.heap` (field order) when the heap is
-        // destroyed, so it never outlives the heap.
+        // SAFETY: the service borrows `h.heap`: its thread writes the
+        // heap's counters, in device memory the heap owns. It lives in
+        // `h.service`, which `cuheap_device_heap_stop_serving` empties and
+        // `cuheap_device_heap_destroy` stops before the heap goes (and
+        // field order drops first in any other drop), so it never
+        // outlives the heap.
         *slot =
             Some(unsafe { std::mem::transmute::<GrowthService<'_>, GrowthService<'static>>(svc) });
         Ok(())
@@ -355,10 +361,16 @@ pub unsafe extern "C" fn cuheap_device_heap_stop_serving(heap: *const CuheapDevi
 #[no_mangle]
 pub unsafe extern "C" fn cuheap_device_heap_destroy(heap: *mut CuheapDeviceHeap) -> c_int {
     entry("cuheap_device_heap_destroy", || {
-        if !heap.is_null() {
-            // SAFETY: from `cuheap_device_heap_create`, destroyed once.
-            drop(unsafe { Box::from_raw(heap) });
+        if heap.is_null() {
+            return Ok(());
         }
-        Ok(())
+        // SAFETY: from `cuheap_device_heap_create`, destroyed once.
+        let h = unsafe { Box::from_raw(heap) };
+        // The service first (its thread writes the heap's counters), and
+        // its error reported; the heap's memory goes after.
+        let svc = h.service.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let stopped = svc.map_or(Ok(()), |s| s.stop());
+        drop(h);
+        stopped
     })
 }

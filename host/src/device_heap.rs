@@ -186,6 +186,15 @@ impl DeviceHeap {
     /// when the reservation or the device is full, once the service
     /// stopped, or after a wait of 2 s. One service per heap; a fixed heap
     /// has none ([`Error::InvalidArgument`]).
+    ///
+    /// While a kernel that may wait for growth runs, no host thread of the
+    /// process may wait in a synchronous copy queued behind it (a
+    /// `DeviceMemory::read`, [`DeviceHeap::stats`] or
+    /// [`DeviceHeap::counts`], or `cudaMemcpy`, right after the launch):
+    /// the service's driver calls then wait until the kernel ends, and its
+    /// waiting threads time out (on an H100 80 GB, 1M threads got 828,921
+    /// nulls in 64 s: `docs/growth-behind-a-sync-copy-h100.txt`).
+    /// Synchronise first, then read.
     pub fn serve(&self) -> Result<GrowthService<'_>> {
         GrowthService::start(self.grower()?, None)
     }
@@ -193,8 +202,8 @@ impl DeviceHeap {
     /// Starts a growth service, as [`DeviceHeap::serve`], that also keeps
     /// memory ahead of the heap's fill, so that kernels find it mapped
     /// instead of waiting: the service reads the pages the heap's classes
-    /// and spans hold (a copy of one word from the device, beside the
-    /// kernels: every 20 µs while it changes, backing off to every 1 ms
+    /// and spans hold (a copy of the heap's counters from the device,
+    /// beside the kernels: every 20 µs while it changes, backing off to every 1 ms
     /// while it does not), and once they reach `fill_percent` of the
     /// usable memory it maps the next step (at least doubling the usable
     /// memory) and publishes it at once, with no thread asking.
@@ -626,8 +635,10 @@ impl DeviceHeap {
     /// blocks in use, failures by cause, spans, the footprint and its
     /// peak. Only the counters and the slots' tallies are copied (about
     /// 34 KiB for 132 slots), not the page table that [`DeviceHeap::stats`]
-    /// scans. Exact between launches; while kernels run, each count is a
-    /// recent value.
+    /// scans. Exact between launches. The copy is on the legacy default
+    /// stream: it waits for the kernels queued there and on blocking
+    /// streams, and must not wait behind one that waits for growth (see
+    /// [`DeviceHeap::serve`]).
     pub fn counts(&self) -> Result<Counts> {
         let words = Tallies::words(self.handle.slots);
         let len = Layout::TALLIES + words * 8;

@@ -867,8 +867,8 @@ fn serve(g: &Grower, stop: &AtomicBool, mut seen: u64, ahead: Option<u32>) -> Re
     Ok(())
 }
 
-/// When the service reads a heap's fill (a copy of one word from the
-/// device, beside the kernels): soon after it changed, less and less
+/// When the service reads a heap's fill (a copy of the heap's counters
+/// from the device, beside the kernels): soon after it changed, less and less
 /// often while it stays the same.
 struct Look {
     next: Instant,
