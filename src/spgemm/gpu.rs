@@ -50,7 +50,7 @@ pub fn register_cap(entry: &str) -> u32 {
 
 /// GPU 0 with the benchmark kernels ([`crate::BENCH_PTX`]) loaded as the
 /// products need them: each kernel at most [`register_cap`] registers
-/// per thread ([`crate::with_register_caps`]). It shares the device's primary context
+/// per thread (written into the PTX, entry by entry). It shares the device's primary context
 /// (memory, heaps, streams) with every other [`Gpu`] of this process.
 /// `CUHEAP_MAX_REGISTERS` (16..=255, or 0 for none) sets one cap for
 /// every kernel instead.
