@@ -50,13 +50,19 @@ pub fn open_bench_gpu() -> Result<Gpu> {
 /// each kernel at most [`kernel_register_cap`] registers per thread, unless
 /// `CUHEAP_MAX_REGISTERS` sets one cap for all.
 pub fn open_ptx(ptx: &str) -> Result<Gpu> {
+    open_capped(ptx, kernel_register_cap)
+}
+
+/// Opens GPU 0 with the kernels of `ptx`, each capped at `cap(entry)`
+/// registers per thread, written into its PTX (`None`: the module's cap,
+/// [`load_options`]); `CUHEAP_MAX_REGISTERS` sets one cap for every
+/// kernel instead, and no entry gets one of its own.
+pub(crate) fn open_capped(ptx: &str, cap: impl Fn(&str) -> Option<u32>) -> Result<Gpu> {
+    let options = load_options()?;
     if std::env::var_os("CUHEAP_MAX_REGISTERS").is_some() {
-        return Gpu::open_with_options(ptx, load_options()?);
+        return Gpu::open_with_options(ptx, options);
     }
-    Gpu::open_with_options(
-        &with_register_caps(ptx, kernel_register_cap)?,
-        load_options()?,
-    )
+    Gpu::open_with_options(&with_register_caps(ptx, cap)?, options)
 }
 
 /// Opens GPU 0 with one module JIT-linked from [`PTX`] and `ptx` (e.g.

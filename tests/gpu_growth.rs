@@ -190,6 +190,22 @@ fn a_service_that_keeps_memory_ahead_maps_before_threads_run_short() {
     );
 }
 
+/// What a heap's growth did, for a test's output: its capacity, the
+/// service's steps, its last refusal, and the heap's growth counts.
+fn growth_report(h: &DeviceHeap) -> String {
+    let (s, g) = (h.stats().unwrap(), h.growth_stats());
+    format!(
+        "{} MiB, {g:?}, refusal {:?}, requests {} waits {} timeouts {} refusals {} failed {}",
+        h.capacity() >> 20,
+        h.growth_refusal(),
+        s.grow_requests,
+        s.grow_waits,
+        s.grow_timeouts,
+        s.grow_refusals,
+        s.failed_allocs
+    )
+}
+
 /// 1M threads of mixed sizes (16 B to 4 KiB, about 2 GiB) from 64 MiB
 /// in one launch, on a fresh heap and on one served only after it ran
 /// short without a service, grew between launches and was trimmed back
@@ -209,17 +225,9 @@ fn a_heap_served_after_growth_and_a_trim_grows_in_the_launch() {
         alloc(&gpu, h, &b, n, 0);
         let wall = t.elapsed();
         let e = b.take_errors();
-        let (s, g, why) = (h.stats().unwrap(), h.growth_stats(), h.growth_refusal());
-        println!(
-            "{what}: {wall:?}, {} nulls, {} MiB, {g:?}, refusal {why:?}, requests {} waits {} timeouts {} refusals {}",
-            e[0],
-            h.capacity() >> 20,
-            s.grow_requests,
-            s.grow_waits,
-            s.grow_timeouts,
-            s.grow_refusals
-        );
-        assert_eq!(e, [0, 0], "{what}: {s:?} {g:?} {why:?}");
+        let report = growth_report(h);
+        println!("{what}: {wall:?}, {} nulls, {report}", e[0]);
+        assert_eq!(e, [0, 0], "{what}: {report}");
         fill_check(&gpu, &b, n, 0);
         assert_eq!(b.take_errors(), [0, 0], "{what}: blocks overlap");
         svc.stop().unwrap();
@@ -290,16 +298,10 @@ fn cuda_cpp_kernels_grow_the_module_heap_in_the_launch() {
         let wall = t.elapsed();
         let mut e = [0u32; 2];
         errors.read(0, &mut e).unwrap();
-        let (s, g, why) = (h.stats().unwrap(), h.growth_stats(), h.growth_refusal());
         println!(
-            "C++ mode {mode}: {wall:?}, {} nulls, {} MiB, {g:?}, refusal {why:?}, requests {} waits {} timeouts {} refusals {} failed {}",
+            "C++ mode {mode}: {wall:?}, {} nulls, {}",
             e[0],
-            h.capacity() >> 20,
-            s.grow_requests,
-            s.grow_waits,
-            s.grow_timeouts,
-            s.grow_refusals,
-            s.failed_allocs
+            growth_report(&h)
         );
         // SAFETY: as above.
         unsafe { check.launch(&LaunchConfig::for_threads(n), args) }.unwrap();

@@ -45,6 +45,17 @@ impl CuheapDeviceHeap {
         &self.heap
     }
 
+    /// Stops the growth service, if one runs; returns the first error its
+    /// thread met.
+    fn stop_service(&self) -> Result<()> {
+        let svc = self
+            .service
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        svc.map_or(Ok(()), |s| s.stop())
+    }
+
     pub fn desc(&self) -> CuheapHeapDesc {
         let h = self.heap.handle();
         CuheapHeapDesc {
@@ -342,11 +353,7 @@ pub unsafe extern "C" fn cuheap_device_heap_stop_serving(heap: *const CuheapDevi
     entry("cuheap_device_heap_stop_serving", || {
         // SAFETY: the caller's contract.
         let h = unsafe { heap_ref(heap) }?;
-        let svc = h.service.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match svc {
-            Some(svc) => svc.stop(),
-            None => Ok(()),
-        }
+        h.stop_service()
     })
 }
 
@@ -368,8 +375,7 @@ pub unsafe extern "C" fn cuheap_device_heap_destroy(heap: *mut CuheapDeviceHeap)
         let h = unsafe { Box::from_raw(heap) };
         // The service first (its thread writes the heap's counters), and
         // its error reported; the heap's memory goes after.
-        let svc = h.service.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let stopped = svc.map_or(Ok(()), |s| s.stop());
+        let stopped = h.stop_service();
         drop(h);
         stopped
     })

@@ -17,7 +17,7 @@
 use super::problem::*;
 use super::DeviceCsr;
 use crate::kernels::Bench;
-use crate::{with_register_caps, DeviceHeap, Error, Gpu, LaunchConfig, Result};
+use crate::{DeviceHeap, Error, Gpu, LaunchConfig, Result};
 use cuheap_host::DeviceMemory;
 
 /// Registers per thread of every kernel but the thread bin's row kernels
@@ -55,18 +55,8 @@ pub fn register_cap(entry: &str) -> u32 {
 /// `CUHEAP_MAX_REGISTERS` (16..=255, or 0 for none) sets one cap for
 /// every kernel instead.
 pub fn open_gpu() -> Result<Gpu> {
-    let mut options = crate::load_options()?;
-    if std::env::var_os("CUHEAP_MAX_REGISTERS").is_some() {
-        return Gpu::open_with_options(crate::BENCH_PTX, options);
-    }
-    // The caps are in the PTX, entry by entry.
-    options.max_registers = None;
-    Gpu::open_with_options(&caps(crate::BENCH_PTX)?, options)
-}
-
-/// `ptx` with every entry capped at its [`register_cap`].
-fn caps(ptx: &str) -> Result<String> {
-    with_register_caps(ptx, |entry| Some(register_cap(entry)))
+    // Every entry gets a cap of its own, none over the module's.
+    crate::open_capped(crate::BENCH_PTX, |entry| Some(register_cap(entry)))
 }
 
 /// How the rows of C are allocated.
@@ -491,6 +481,12 @@ impl Runner<'_> {
 mod tests {
     use super::*;
 
+    /// `ptx` with every entry capped at its [`register_cap`], as
+    /// [`open_gpu`] loads it.
+    fn caps(ptx: &str) -> Result<String> {
+        crate::with_register_caps(ptx, |entry| Some(register_cap(entry)))
+    }
+
     /// Every entry of the benchmark PTX gets one cap, the thread bin's
     /// kernels the larger, and the entries and their parameters read the
     /// same as before (the typed launches check them).
@@ -534,6 +530,8 @@ mod tests {
         assert_eq!(register_cap("spgemm_numeric_hash"), 64);
         assert_eq!(register_cap("spgemm_cuheap_row_dense"), 64);
         assert_eq!(register_cap("pair_cuheap"), 64);
+        // None over the module's cap, which `open_gpu` leaves in place.
+        assert!(Some(THREAD_BIN_MAX_REGISTERS.max(MAX_REGISTERS)) <= crate::DEFAULT_MAX_REGISTERS);
     }
 
     /// Headers as PTX allows them: no parameters, the parenthesis closing
