@@ -58,6 +58,12 @@ pub struct Counters {
     pub grow_timeouts: AtomicU64,
     /// Times a thread (or a warp's group, as one) waited for growth.
     pub grow_waits: AtomicU64,
+    /// One more than the page limit at which a wait for growth timed out
+    /// (0: none): the host is held up, and threads that would wait at
+    /// that limit give up at once instead of each waiting out the
+    /// timeout. A new limit ends it; the host clears it with the other
+    /// growth words.
+    pub grow_stalled: AtomicU64,
     /// How fresh pages are placed: [`Placement`](crate::heap::Placement)
     /// bits, set by the heap's owner (0, the default: first fit from each
     /// slot's own part of the heap, what thousands of GPU threads need).
@@ -121,6 +127,7 @@ impl Counters {
             grow_cap: AtomicU64::new(0),
             grow_timeouts: AtomicU64::new(0),
             grow_waits: AtomicU64::new(0),
+            grow_stalled: AtomicU64::new(0),
             placement: AtomicU64::new(0),
             zero_size: AtomicU64::new(0),
             too_large: AtomicU64::new(0),

@@ -408,3 +408,71 @@ fn far_parked_pages_serve_only_once_the_heap_cannot_grow() {
         assert!(heap.stats().is_empty());
     }
 }
+
+/// A host that never answers (it is held up), on a clock that jumps a
+/// tenth of the timeout at each reading.
+struct HeldUp {
+    now: AtomicU64,
+}
+
+impl GrowHost for HeldUp {
+    fn ring(&self, bell: u64, ticket: u64) {
+        Cpu {
+            start: Instant::now(),
+        }
+        .ring(bell, ticket)
+    }
+    fn now_ns(&self) -> u64 {
+        self.now
+            .fetch_add(cuheap_core::heap::GROW_TIMEOUT_NS / 10, Ordering::Relaxed)
+    }
+    fn pause(&self, _round: u32) {
+        std::thread::yield_now();
+    }
+}
+
+/// Once a wait at a limit has timed out, the other threads short at that
+/// limit give up at once instead of each waiting out the timeout: a
+/// held-up host costs a kernel one timeout, not one per wave of threads.
+/// A new limit ends it, and the next ask waits again.
+#[test]
+fn after_a_timeout_the_threads_short_at_that_limit_give_up_at_once() {
+    // 4 KiB blocks take pages of 16 units: a limit of 4 serves none.
+    let owned = OwnedHeap::<u64>::new(128, 8).unwrap();
+    let heap = owned.heap();
+    heap.set_limit(4);
+    let bell = AtomicU64::new(0);
+    publish_bell(&heap, &bell);
+    let host = HeldUp {
+        now: AtomicU64::new(0),
+    };
+    let (threads, per_thread) = (8, 200);
+    let failed: u64 = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (heap, host) = (&heap, &host);
+                sc.spawn(move || {
+                    (0..per_thread)
+                        .filter(|_| heap.alloc_growing(4096, 16, t, host).is_err())
+                        .count() as u64
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    let s = heap.stats();
+    assert_eq!(failed, threads as u64 * per_thread, "a limit of 4 units");
+    // At most one timeout per thread that was already waiting.
+    assert!(s.grow_timeouts <= threads as u64, "{s:?}");
+    assert!(s.grow_waits <= threads as u64, "{s:?}");
+    // A new limit: the heap serves up to it, and the next ask waits
+    // again (and times out again).
+    heap.set_limit(64);
+    let before = heap.stats().grow_timeouts;
+    let mut got = 0;
+    while heap.alloc_growing(4096, 16, 0, &host).is_ok() {
+        got += 1;
+    }
+    assert!(got > 0);
+    assert_eq!(heap.stats().grow_timeouts, before + 1);
+}

@@ -618,6 +618,7 @@ impl Grower {
         self.write(offset_of!(Counters, grow_want), limit)?;
         self.write(offset_of!(Counters, grow_rung), limit)?;
         self.write(offset_of!(Counters, grow_requests), self.bell.read(0))?;
+        self.write(offset_of!(Counters, grow_stalled), 0)?;
         if self.serving.load(Ordering::Acquire) {
             self.write(offset_of!(Counters, grow_bell), self.bell.device)?;
         }

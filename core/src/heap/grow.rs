@@ -163,6 +163,12 @@ impl<W: Word> Heap<'_, W> {
             return false;
         }
         let want = seen as u64 + pages as u64;
+        // A wait at this limit timed out: the host is held up (it may be
+        // waiting for this very kernel), so this one would too.
+        let stalled = seen as u64 + 1;
+        if c.grow_stalled.load(Ordering::Relaxed) == stalled {
+            return false;
+        }
         Counters::bump(&c.grow_waits, 1);
         let start = host.now_ns();
         let mut round = 0;
@@ -178,11 +184,13 @@ impl<W: Word> Heap<'_, W> {
             }
             if c.grow_refusals.load(Ordering::Acquire) != refusals
                 || c.grow_bell.load(Ordering::Relaxed) != bell
+                || c.grow_stalled.load(Ordering::Relaxed) == stalled
             {
                 return false;
             }
             if host.now_ns().wrapping_sub(start) > GROW_TIMEOUT_NS {
                 Counters::bump(&c.grow_timeouts, 1);
+                c.grow_stalled.store(stalled, Ordering::Relaxed);
                 return false;
             }
         }
