@@ -57,16 +57,19 @@ impl<W: Word> Heap<'_, W> {
         let Some(start) = start else {
             return Err(AllocError::OutOfMemory);
         };
+        // Counted before the stores below: a locked add on the host waits
+        // for the stores before it to drain, and the descriptors' lines
+        // are the ones that miss.
+        self.count_span_pages(pages as u32, 0);
+        Counters::bump(&self.counters().spans_allocated, 1);
         for p in start + 1..start + pages as u32 {
             self.descs()[p as usize]
                 .kind
                 .store(KIND_SPAN_TAIL, Ordering::Relaxed);
         }
-        self.count_span_pages(pages as u32, 0);
         let head = &self.descs()[start as usize];
         head.span.store(pages as u32, Ordering::Relaxed);
         head.kind.store(KIND_SPAN_HEAD, Ordering::Release);
-        Counters::bump(&self.counters().spans_allocated, 1);
         Ok((self.data + start as usize * PAGE_SIZE) as *mut u8)
     }
 
@@ -86,14 +89,15 @@ impl<W: Word> Heap<'_, W> {
             return Err(self.bad_free(FreeError::NotAllocated));
         }
         let n = head.span.load(Ordering::Relaxed);
+        // Counted before the stores, as in `try_span`.
+        self.count_span_pages(0, n);
+        Counters::bump(&self.counters().spans_freed, 1);
         for p in page..page + n {
             self.descs()[p as usize]
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
-        self.count_span_pages(0, n);
         self.map().release_run(page, n);
-        Counters::bump(&self.counters().spans_freed, 1);
         Ok(FreeOutcome {
             freed: 1,
             already_free: 0,

@@ -77,6 +77,23 @@ impl LiveBits {
         }
     }
 
+    /// [`LiveBits::set`] for a block the heap has just handed out to
+    /// this thread (so no other thread marks it): a span's mark is a
+    /// plain store, with no locked instruction, which on x86 would wait
+    /// for the heap's stores before it. A class block's bit shares its
+    /// word with other blocks, and is set as by `set`.
+    #[inline]
+    pub(super) fn set_fresh(&self, heap: &Heap<'_, u64>, b: &BlockInfo) -> bool {
+        match b.class {
+            None => heap.owner_word(b.page).is_some_and(|w| {
+                let was = w.load(Ordering::Relaxed);
+                w.store(1, Ordering::Release);
+                was == 0
+            }),
+            Some(_) => self.set(heap, b),
+        }
+    }
+
     /// Whether a block of `heap` is live.
     pub(super) fn is_set(&self, heap: &Heap<'_, u64>, b: &BlockInfo) -> bool {
         match b.class {
@@ -175,5 +192,20 @@ mod tests {
         assert!(!live.is_set(&heap, &span(2)));
         // Past the heap's pages: never live.
         assert!(!live.set(&heap, &span(8)) && !live.is_set(&heap, &span(8)));
+        // A fresh mark (a block the heap just handed out) reads as `set`'s:
+        // live once, refused as a second mark, freed once.
+        assert!(live.set_fresh(&heap, &span(4)));
+        assert!(live.is_set(&heap, &span(4)));
+        assert!(!live.set_fresh(&heap, &span(4)), "a span marked twice");
+        assert!(live.clear(&heap, &span(4)) && !live.clear(&heap, &span(4)));
+        assert!(!live.set_fresh(&heap, &span(8)));
+        let class = BlockInfo {
+            page: 5,
+            class: Some(0),
+            index: 7,
+            size: ALIGN,
+        };
+        assert!(live.set_fresh(&heap, &class) && !live.set_fresh(&heap, &class));
+        assert_eq!(live.count_page(5), 1);
     }
 }
