@@ -469,10 +469,29 @@ fn after_a_timeout_the_threads_short_at_that_limit_give_up_at_once() {
     // again (and times out again).
     heap.set_limit(64);
     let before = heap.stats().grow_timeouts;
-    let mut got = 0;
-    while heap.alloc_growing(4096, 16, 0, &host).is_ok() {
-        got += 1;
+    let mut got = Vec::new();
+    while let Ok(p) = heap.alloc_growing(4096, 16, 0, &host) {
+        got.push(p);
     }
-    assert!(got > 0);
-    assert_eq!(heap.stats().grow_timeouts, before + 1);
+    assert!(!got.is_empty());
+    let s = heap.stats();
+    assert_eq!(s.grow_timeouts, before + 1);
+    // Emptied and back at the limit of 4 (where a trim brings it): with
+    // the word still naming 4's timeout, an ask there gives up unasked,
+    // which is why the host's trim clears the word; cleared, the ask
+    // waits (and times out) again.
+    for p in got {
+        heap.free(p, 0).unwrap();
+    }
+    heap.set_limit(4);
+    heap.counters().grow_stalled.store(5, Ordering::Relaxed);
+    assert!(heap.alloc_growing(4096, 16, 0, &host).is_err());
+    assert_eq!(heap.stats().grow_waits, s.grow_waits, "gave up unasked");
+    heap.counters().grow_stalled.store(0, Ordering::Relaxed);
+    assert!(heap.alloc_growing(4096, 16, 0, &host).is_err());
+    let t = heap.stats();
+    assert_eq!(
+        (t.grow_waits, t.grow_timeouts),
+        (s.grow_waits + 1, s.grow_timeouts + 1)
+    );
 }

@@ -574,6 +574,10 @@ impl DeviceHeap {
                     .store(limit, std::sync::atomic::Ordering::Relaxed);
                 c.grow_rung
                     .store(limit, std::sync::atomic::Ordering::Relaxed);
+                // A timeout at a limit the trim came back to must not keep
+                // later launches from asking there.
+                c.grow_stalled
+                    .store(0, std::sync::atomic::Ordering::Relaxed);
                 // Fresh pages are searched for in the whole heap again.
                 c.grow_floor.store(0, std::sync::atomic::Ordering::Relaxed);
                 failed

@@ -164,10 +164,13 @@ impl<W: Word> Heap<'_, W> {
         }
         let want = seen as u64 + pages as u64;
         // A wait at this limit timed out: the host is held up (it may be
-        // waiting for this very kernel), so this one would too.
+        // waiting for this very kernel), so this one would too, unless the
+        // limit rose since this thread read it. The host clears the word
+        // wherever it can lower the limit back to one that timed out
+        // (`trim`, `restore`).
         let stalled = seen as u64 + 1;
         if c.grow_stalled.load(Ordering::Relaxed) == stalled {
-            return false;
+            return self.limit() > seen;
         }
         Counters::bump(&c.grow_waits, 1);
         let start = host.now_ns();
