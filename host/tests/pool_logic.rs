@@ -656,6 +656,58 @@ fn the_peak_in_use_follows_blocks_freed_on_another_stream() {
     }
 }
 
+/// Blocks the heap serves (no cache holds their size) are counted in the
+/// thread's cache; its count still folds at once past a few MiB, so the
+/// sampled peak follows blocks allocated on one stream and freed on
+/// another even when no growth folds the caches on the way.
+#[test]
+fn the_peak_follows_blocks_the_heap_served_with_no_growth() {
+    for len in [MIB, 512 * KIB] {
+        let pool = pool(1024 * MIB, 256 * MIB, usize::MAX);
+        let (a, b) = (HostStream::new(), HostStream::new());
+        let live: Vec<u64> = (0..60).map(|_| pool.alloc(len, &a).unwrap()).collect();
+        for p in live {
+            pool.free(p, &b).unwrap();
+        }
+        let st = pool.stats();
+        assert_eq!(st.grows, 1, "the first mapping only: {st:?}");
+        let want = 60 * len;
+        assert!(
+            st.peak_in_use + 4 * MIB >= want && st.peak_in_use <= want + 8 * MIB,
+            "{want} bytes alive at most: sampled peak {}",
+            st.peak_in_use
+        );
+    }
+}
+
+/// The pool's bound on cached bytes holds for a stream whose allocations
+/// the heap serves: every so many calls the pool checks it and sheds.
+#[test]
+fn the_cache_bound_holds_while_the_heap_serves_a_stream() {
+    let cfg = PoolConfig {
+        initial: 256 * MIB,
+        chunk: 2 * MIB,
+        cache_limit: 16 * MIB,
+        ..PoolConfig::new(1024 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let a = HostStream::new();
+    let big: Vec<u64> = (0..16).map(|_| pool.alloc(4 * MIB, &a).unwrap()).collect();
+    for p in big {
+        pool.free(p, &a).unwrap();
+    }
+    let small: Vec<u64> = (0..1000).map(|_| pool.alloc(256, &a).unwrap()).collect();
+    let st = pool.stats();
+    assert!(
+        st.cached() <= 16 * MIB + 4 * MIB,
+        "{} MiB cached over a bound of 16: {st:?}",
+        st.cached() / MIB
+    );
+    for p in small {
+        pool.free(p, &a).unwrap();
+    }
+}
+
 /// Streams that only the pool still holds are let go without
 /// `release_stream`: their caches are retired (their blocks reused once
 /// their work is done) and their counters kept.

@@ -1024,11 +1024,29 @@ impl<B: Backend> Pool<B> {
         // Counted in the thread's cache if it has one: the stream cache's
         // lock is two locked instructions, and on x86 the first of them
         // waits for the heap's stores just made (their lines mostly miss).
+        // As the locked way's `account` does, the count folds at once past
+        // `FOLD_BYTES` (the sampled peak follows blocks freed elsewhere),
+        // and every `FOLD_EVERY` calls the stream's cached bytes are
+        // reported and the pool's bound on them checked (under the lock
+        // then).
         if how.is_none() && local {
+            let bytes = key.bytes() as i64;
             let counted = with_local::<B, _>(self.id, own.id, |m| {
-                self.count_local(m, ALLOCS, key.bytes() as i64)
+                self.count_local(m, ALLOCS, bytes);
+                if fold_now(m.net, bytes) {
+                    self.fold(&mut m.net);
+                }
+                (m.counts[ALLOCS] + m.counts[FREES]).is_multiple_of(FOLD_EVERY)
             });
-            if let Reach::Done(()) = counted {
+            if let Reach::Done(check) = counted {
+                if check {
+                    let mut c = own.lock();
+                    self.report(&mut c);
+                    if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
+                        let keep = c.bytes / 2;
+                        self.shed(own, &mut c, keep);
+                    }
+                }
                 return Ok(ptr);
             }
         }
