@@ -61,8 +61,8 @@ pub struct Counters {
     /// One more than the page limit at which a wait for growth timed out
     /// (0: none): the host is held up, and threads that would wait at
     /// that limit give up at once instead of each waiting out the
-    /// timeout. A new limit ends it; the host clears it with the other
-    /// growth words.
+    /// timeout. A higher limit ends it; the host clears it where it can
+    /// bring the limit back down (a trim between launches) and on reset.
     pub grow_stalled: AtomicU64,
     /// How fresh pages are placed: [`Placement`](crate::heap::Placement)
     /// bits, set by the heap's owner (0, the default: first fit from each

@@ -646,8 +646,8 @@ impl Grower {
         // heap owns. Kernels only read the words the host writes, except
         // `grow_want`, `grow_rung` and `grow_requests`, which the host
         // lowers only to refuse (`answer`) or while no ask can be pending
-        // (`restore`); a waiter that raises `grow_want` again meanwhile
-        // just asks again.
+        // (`restore`), and `grow_stalled`, which it clears only there; a
+        // waiter that raises `grow_want` again meanwhile just asks again.
         unsafe { copy_to_device_on(self.counters + offset as u64, v, &self.stream) }
     }
 

@@ -90,7 +90,8 @@ const FOLD_EVERY: u64 = 64;
 /// host, `docs/ab-pool-peak-h100.txt`). A thread's cache gains blocks only
 /// from frees into it and folds when it spills some, so its count stays
 /// between minus what it holds and what it held when it last folded
-/// (within its bound, 2 MiB, and a block).
+/// (within its bound, 2 MiB, and a block); the allocations the heap
+/// serves that it counts (`Pool::alloc_on`) fold by bytes, as a stream's.
 const FOLD_BYTES: i64 = 2 << 20;
 
 /// Whether a cache whose counter is `net` after a call on a block of
@@ -650,12 +651,18 @@ impl<B: Backend> Pool<B> {
         c.net += bytes;
         if (c.counts[ALLOCS] + c.counts[FREES]).is_multiple_of(FOLD_EVERY) {
             self.fold(&mut c.net);
-            self.report(c);
-            if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
-                self.shed(sc, c, c.bytes / 2);
-            }
+            self.report_and_bound(sc, c);
         } else if fold_now(c.net, bytes) {
             self.fold(&mut c.net);
+        }
+    }
+
+    /// Reports `sc`'s cached bytes (its lock is `c`) and, with all caches
+    /// together past their bound, retires half of `sc`'s.
+    fn report_and_bound(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>) {
+        self.report(c);
+        if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
+            self.shed(sc, c, c.bytes / 2);
         }
     }
 
@@ -1040,12 +1047,7 @@ impl<B: Backend> Pool<B> {
             });
             if let Reach::Done(check) = counted {
                 if check {
-                    let mut c = own.lock();
-                    self.report(&mut c);
-                    if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
-                        let keep = c.bytes / 2;
-                        self.shed(own, &mut c, keep);
-                    }
+                    self.report_and_bound(own, &mut own.lock());
                 }
                 return Ok(ptr);
             }
