@@ -911,3 +911,130 @@ fn growth_maps_a_hole_between_steps_again() {
     free(&gpu, &h, &c, m);
     println!("a hole of 192 MiB between steps in use was mapped again: {in_hole} of {m} blocks there; {s:?}");
 }
+
+/// A heap that grows in pieces gives back every piece no block uses, the
+/// pieces before the last one in use included, between launches and on a
+/// stream; one that grows in whole steps keeps a step with one live block.
+/// 1M threads fill 1 GiB of 1 KiB blocks, one block in every fourth piece
+/// stays: the memory kept is exactly the pieces those blocks are in; the
+/// kept blocks keep their data; growth maps the holes again and blocks
+/// land there; after all is freed the heap trims back to its start.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_heap_grown_in_pieces_gives_back_the_pieces_no_block_uses() {
+    let _one = one_at_a_time();
+    let gpu = gpu();
+    for (piece, on_stream) in [(0, false), (8 << 20, false), (8 << 20, true)] {
+        pieces_case(&gpu, piece, on_stream);
+    }
+}
+
+fn pieces_case(gpu: &cuheap::Gpu, piece: usize, on_stream: bool) {
+    let (start, step) = (64usize << 20, 1usize << 30);
+    let h = DeviceHeap::growable(gpu, start, 2 << 30).unwrap();
+    assert_eq!(h.set_growth_piece(gpu, piece).unwrap(), piece);
+    assert_eq!(h.growth_piece(), piece);
+    assert_eq!(h.grow(start + step).unwrap(), start + step);
+    let n = 1u32 << 20;
+    let b = Bufs::new(gpu, n);
+    alloc_and_check(gpu, &h, &b, n);
+    // The step's mappings: pieces, or the whole step.
+    let len = if piece == 0 { step } else { piece };
+    let step_at = h.handle().data + start as u64;
+    let piece_of = |p: u64| (p >= step_at).then(|| ((p - step_at) / len as u64) as usize);
+    // Keep the first block found in every fourth piece; free the rest.
+    let ptrs = b.ptrs(n);
+    let mut pinned = std::collections::BTreeSet::new();
+    let kept: Vec<u64> = ptrs
+        .iter()
+        .map(|&p| match piece_of(p) {
+            Some(k) if k % 4 == 0 && pinned.insert(k) => p,
+            _ => 0,
+        })
+        .collect();
+    let freed: Vec<u64> = ptrs
+        .iter()
+        .zip(&kept)
+        .map(|(&p, &k)| if k == 0 { p } else { 0 })
+        .collect();
+    b.ptrs.write(0, &freed).unwrap();
+    free(gpu, &h, &b, n);
+    let before = gpu.mem_info().unwrap().0;
+    let left = if on_stream {
+        let stream = gpu.context().new_stream().unwrap();
+        h.trim_on(gpu, &stream, start).unwrap();
+        stream.synchronize().unwrap();
+        h.finish_trims(true).unwrap();
+        h.capacity()
+    } else {
+        // SAFETY: every launch on this heap was waited for.
+        unsafe { h.trim(start) }.unwrap()
+    };
+    let back = gpu.mem_info().unwrap().0.saturating_sub(before);
+    let expected = start + pinned.len() * len;
+    assert_eq!(
+        left,
+        expected,
+        "pieces of {} MiB: {} hold a live block",
+        len >> 20,
+        pinned.len()
+    );
+    assert!(
+        back >= (start + step - left) / 4 * 3,
+        "{} MiB unmapped, cuMemGetInfo shows {} MiB back",
+        (start + step - left) >> 20,
+        back >> 20
+    );
+    // The kept blocks keep their data (checked against the first fill).
+    b.ptrs.write(0, &kept).unwrap();
+    check_kept(gpu, &b, n);
+    // Growth maps the holes again; new blocks land there and check.
+    assert_eq!(h.grow(start + step).unwrap(), start + step);
+    let m = 512u32 << 10;
+    let c = Bufs::new(gpu, m);
+    alloc_and_check(gpu, &h, &c, m);
+    if piece != 0 {
+        let in_holes = (c.ptrs(m).iter())
+            .filter(|&&p| piece_of(p).is_some_and(|k| !pinned.contains(&k)))
+            .count();
+        assert!(in_holes > 0, "no block in a piece mapped again");
+    }
+    check_kept(gpu, &b, n);
+    free(gpu, &h, &b, n);
+    free(gpu, &h, &c, m);
+    // SAFETY: as above.
+    assert_eq!(unsafe { h.trim(start) }.unwrap(), start);
+    assert!(h.stats().unwrap().is_empty());
+    println!(
+        "pieces of {} MiB ({}): {} of {} hold a live block, {} MiB kept, {} MiB back",
+        len >> 20,
+        if on_stream { "trim_on" } else { "trim" },
+        pinned.len(),
+        step / len,
+        left >> 20,
+        back >> 20
+    );
+}
+
+/// 1 KiB blocks for `n` threads, filled and checked: no null, no damage.
+fn alloc_and_check(gpu: &cuheap::Gpu, h: &DeviceHeap, b: &Bufs, n: u32) {
+    alloc(gpu, h, b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+    fill_check(gpu, b, n, 1024);
+    assert_eq!(b.take_errors(), [0, 0]);
+}
+
+/// Checks, without filling them again, the 1 KiB blocks (or nulls) that
+/// `b.ptrs` holds for `n` threads against the fill of their index.
+fn check_kept(gpu: &cuheap::Gpu, b: &Bufs, n: u32) {
+    let cfg = LaunchConfig::for_threads(n);
+    // SAFETY: the caller's `b.ptrs` holds live 1 KiB blocks (or nulls)
+    // filled for their index; `b.errors` holds two u32s.
+    unsafe {
+        b.kernels
+            .check_blocks(&cfg, b.ptrs.as_ptr(), n, 1024, 1, b.errors.as_ptr())
+            .unwrap()
+    };
+    gpu.sync().unwrap();
+    assert_eq!(b.take_errors(), [0, 0], "a kept block lost its data");
+}

@@ -562,6 +562,11 @@ impl DeviceHeap {
                         unsafe { heap.unfence(page(end), page(start)) };
                     }
                 }
+                // Then free mappings before the last one in use, when
+                // growth can map their holes again.
+                if failed.is_ok() && g.can_punch() {
+                    failed = punch_free(region, heap, keep.max(PAGE_SIZE));
+                }
                 // Whatever failed, the limit is what the range covers now:
                 // lowered past what went, and raised over memory a failed
                 // step mapped but did not publish.
@@ -587,6 +592,34 @@ impl DeviceHeap {
             self.restore_placement()?;
             out.map(|()| region.mapped())
         })
+    }
+
+    /// Makes the heap's later growth steps map new memory in pieces of at
+    /// most `piece` bytes (rounded up to whole 2 MiB chunks; 0: one
+    /// mapping per step, the default), each of which a trim gives back
+    /// alone: a step that holds a few live blocks then keeps only the
+    /// pieces they are in. Each piece costs its own `cuMemCreate` and
+    /// `cuMemMap` (tens of microseconds), so small pieces make growth,
+    /// and growth while kernels run above all, slower: `cuheap bench
+    /// device` measures both sides. Returns the piece (0 for whole steps).
+    ///
+    /// It also loads the heap's upkeep kernels from `gpu`'s module (as
+    /// [`DeviceHeap::trim_on`] does: `cuheap::BENCH_PTX` holds them),
+    /// and from then on [`DeviceHeap::trim`] also gives back free
+    /// mappings before the last one in use, leaving holes that
+    /// [`DeviceHeap::grow`] maps again. A fixed heap is an
+    /// [`Error::InvalidArgument`].
+    pub fn set_growth_piece(&self, gpu: &Gpu, piece: usize) -> Result<usize> {
+        self.grower()?.set_piece(gpu, piece)
+    }
+
+    /// The pieces growth maps (0: one mapping per step; see
+    /// [`DeviceHeap::set_growth_piece`]); 0 for a fixed heap.
+    pub fn growth_piece(&self) -> usize {
+        match &self.data {
+            Data::Growable(g) => g.piece(),
+            Data::Fixed { .. } => 0,
+        }
     }
 
     /// Gives back, in stream order, the memory of a growable heap's steps
@@ -773,4 +806,33 @@ impl Param for HeapHandle {
     fn raw(heap: &DeviceHeap) -> HeapArg {
         heap.arg()
     }
+}
+
+/// Gives back the mappings of `region` that no block uses, from the end,
+/// while at least `keep` bytes stay mapped, leaving holes: fences their
+/// pages in `heap` (a host copy of the metadata, no kernel running), then
+/// unmaps them. A mapping that starts below `keep` stays. A failed unmap
+/// gives its pages back to service and ends the pass with its error.
+fn punch_free(region: &VmmRegion, heap: &Heap<u32>, keep: usize) -> Result<()> {
+    let page = |bytes: usize| (bytes / PAGE_SIZE) as u32;
+    let layout = region.layout();
+    let mut mapped = layout.mapped;
+    for &(at, len) in layout.mappings.iter().rev() {
+        if at < keep || mapped.saturating_sub(len) < keep {
+            continue;
+        }
+        if !heap.fence(page(at), page(at + len)) {
+            continue; // a block is in use there
+        }
+        // SAFETY: its pages are fenced (none in use, none can be claimed)
+        // and no kernel runs (the caller's contract); the mapping is one
+        // the layout lists, of its length.
+        if let Err(e) = unsafe { region.release(at, len) } {
+            // SAFETY: fenced just above, by this pass; still mapped.
+            unsafe { heap.unfence(page(at), page(at + len)) };
+            return Err(e);
+        }
+        mapped -= len;
+    }
+    Ok(())
 }

@@ -138,6 +138,10 @@ pub(crate) struct Grower {
     published: AtomicUsize,
     /// Held from mapping to publishing, so limits are written in order.
     lock: Mutex<()>,
+    /// The longest mapping of new memory a step makes, in bytes (whole
+    /// chunks; `usize::MAX`: one mapping per step). See
+    /// [`Grower::set_piece`].
+    piece: AtomicUsize,
     steps: AtomicU64,
     live_steps: AtomicU64,
     ahead_steps: AtomicU64,
@@ -188,9 +192,10 @@ struct PendingTrim {
 /// pinned words beside the doorbell).
 const TRIM_SLOTS: usize = 8;
 /// Pinned words a trim's slot holds: ranges, then a `u32` flag each.
-const SLOT_WORDS: usize = 384;
+const SLOT_WORDS: usize = 3072;
 /// Mappings one trim looks at, at most (the last ones): growth steps are
-/// geometric, so a heap has few.
+/// geometric, so a heap has few, unless it grows in pieces
+/// ([`Grower::set_piece`]; 4 GiB of 2 MiB pieces is this many).
 const TRIM_EXTENTS: usize = SLOT_WORDS * 2 / 3;
 /// Where the trims' slots start among the pinned words (after the
 /// doorbell's).
@@ -217,6 +222,7 @@ impl Grower {
             capped: AtomicBool::new(false),
             published: AtomicUsize::new(0),
             lock: Mutex::new(()),
+            piece: AtomicUsize::new(usize::MAX),
             steps: AtomicU64::new(0),
             live_steps: AtomicU64::new(0),
             ahead_steps: AtomicU64::new(0),
@@ -316,7 +322,15 @@ impl Grower {
             }
             filled.push((at, len));
         }
+        // Holes side by side (pieces of one step) unfence in one launch.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
         for &(at, len) in &filled {
+            match runs.last_mut() {
+                Some(run) if run.0 + run.1 == at => run.1 += len,
+                _ => runs.push((at, len)),
+            }
+        }
+        for (at, len) in runs {
             let (from, to) = (at / PAGE_SIZE, (at + len) / PAGE_SIZE);
             let cfg = LaunchConfig::for_threads(1).on(&self.stream);
             // SAFETY: the heap outlives the launch (waited for below);
@@ -366,7 +380,8 @@ impl Grower {
     fn grow_locked(&self, end: usize) -> Result<usize> {
         let t = Instant::now();
         let (before, mapped_before) = (self.region.end(), self.region.mapped());
-        let now = self.region.grow_at_once(end.min(self.region.reserved()))?;
+        let piece = self.piece.load(Ordering::Relaxed);
+        let now = (self.region).grow_in_pieces(end.min(self.region.reserved()), piece)?;
         let published = self.published.load(Ordering::Acquire);
         if now > before || published < now {
             let added = self.region.mapped().saturating_sub(mapped_before);
@@ -390,6 +405,40 @@ impl Grower {
         self.nanos
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Makes later steps map new memory in pieces of at most `piece`
+    /// bytes (rounded up to whole chunks; 0: one mapping per step), each
+    /// of which a trim can give back alone, and loads the upkeep kernels
+    /// from `gpu`'s module, with which growth maps holes again and a trim
+    /// between launches gives back free pieces before the last one in
+    /// use. Returns the piece (0 for whole steps).
+    pub(crate) fn set_piece(&self, gpu: &Gpu, piece: usize) -> Result<usize> {
+        self.load_upkeep(gpu)?;
+        let chunk = self.region.chunk();
+        let piece = match piece {
+            0 => usize::MAX,
+            p => p.checked_next_multiple_of(chunk).unwrap_or(usize::MAX),
+        };
+        self.piece.store(piece, Ordering::Relaxed);
+        Ok(if piece == usize::MAX { 0 } else { piece })
+    }
+
+    /// The pieces later steps map (0: whole steps).
+    pub(crate) fn piece(&self) -> usize {
+        match self.piece.load(Ordering::Relaxed) {
+            usize::MAX => 0,
+            p => p,
+        }
+    }
+
+    /// Whether holes a trim between launches leaves can be mapped again
+    /// (the upkeep kernels are loaded).
+    pub(crate) fn can_punch(&self) -> bool {
+        self.upkeep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 
     /// The kernels a trim while kernels run uses, from `gpu`'s module

@@ -576,14 +576,25 @@ impl<B: Backend> Region<B> {
     /// mapped and then new memory could not be; errors as
     /// [`Region::grow_to`] when nothing could be mapped.
     pub fn grow_at_once(&self, bytes: usize) -> Result<usize> {
+        self.grow_in_pieces(bytes, usize::MAX)
+    }
+
+    /// As [`Region::grow_at_once`], but new memory comes in mappings of
+    /// at most `piece` bytes (rounded up to whole chunks), each its own
+    /// `create` and `map`, with one `set_access` for the whole step: the
+    /// region can then give the step back a piece at a time
+    /// ([`Region::release`]), at the cost of a `create` and a `map` per
+    /// piece.
+    pub fn grow_in_pieces(&self, bytes: usize, piece: usize) -> Result<usize> {
         let mut m = self.lock();
         self.check_fits(bytes)?;
-        // One mapping of new memory; banked pieces, one mapping each; what
-        // was mapped before a failure opens.
+        // Mappings of new memory of at most a piece; banked pieces, one
+        // mapping each; what was mapped before a failure stays.
         let chunk = self.chunk;
+        let piece = (piece.max(chunk).checked_next_multiple_of(chunk)).unwrap_or(usize::MAX);
         self.map_range(
             &mut m,
-            |missing| missing.next_multiple_of(chunk),
+            |missing| missing.next_multiple_of(chunk).min(piece),
             bytes,
             true,
         )

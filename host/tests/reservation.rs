@@ -233,3 +233,38 @@ fn a_first_mapping_takes_no_piece_longer_than_asked() {
     pool.free(p, &stream).unwrap();
     assert_eq!(pool.trim(0).unwrap(), 32 * MIB);
 }
+
+#[test]
+fn a_step_in_pieces_gives_back_a_piece_at_a_time() {
+    let res = reservation();
+    let heap = heap_in(&res, 1 << 30);
+    // The first step stays whole; the next maps 64 MiB as 8 MiB pieces
+    // (a piece of 5 MiB rounds up to whole 2 MiB chunks: 6 MiB).
+    assert_eq!(heap.grow_in_pieces(16 * MIB, usize::MAX).unwrap(), 16 * MIB);
+    assert_eq!(heap.grow_in_pieces(80 * MIB, 8 * MIB).unwrap(), 80 * MIB);
+    assert_eq!(heap.grow_in_pieces(92 * MIB, 5 * MIB).unwrap(), 92 * MIB);
+    let l = heap.layout();
+    let lens: Vec<usize> = l.mappings.iter().map(|m| m.1 / MIB).collect();
+    assert_eq!(lens, [16, 8, 8, 8, 8, 8, 8, 8, 8, 6, 6]);
+    assert_eq!(res.stats().created, 92 * MIB);
+    fill_and_check(res.backend(), heap.base(), 92 * MIB, 7);
+    // A piece in the middle goes alone, to the bank; its neighbours keep
+    // their contents.
+    // SAFETY: nothing uses host-backed test memory.
+    unsafe { heap.release(40 * MIB, 8 * MIB) }.unwrap();
+    assert_eq!(heap.holes(), [(40 * MIB, 8 * MIB)]);
+    assert_eq!((heap.mapped(), heap.end()), (84 * MIB, 92 * MIB));
+    assert_eq!(res.stats().banked, 8 * MIB);
+    // A length that is not the mapping's is refused.
+    // SAFETY: as above.
+    assert!(unsafe { heap.release(48 * MIB, 16 * MIB) }.is_err());
+    // Mapped again from the bank, no new memory.
+    assert_eq!(heap.fill_hole(40 * MIB).unwrap(), 8 * MIB);
+    fill_and_check(res.backend(), heap.base() + 40 * MIB as u64, 8 * MIB, 8);
+    let s = res.stats();
+    assert_eq!((s.created, s.reused, s.banked), (92 * MIB, 8 * MIB, 0));
+    assert!(heap.holes().is_empty());
+    // Whole steps again past that: one mapping.
+    assert_eq!(heap.grow_at_once(160 * MIB).unwrap(), 160 * MIB);
+    assert_eq!(heap.layout().mappings.last(), Some(&(92 * MIB, 68 * MIB)));
+}

@@ -17,7 +17,11 @@
 //!   memory ahead) against a fixed heap, runs interleaved;
 //! - giving 1 GiB back: a trim on a stream ([`DeviceHeap::trim_on`]: its
 //!   kernel, CUDA events; the unmapping into the bank, host wall time)
-//!   beside the trim between launches and `cuMemFree` of the same bytes.
+//!   beside the trim between launches and `cuMemFree` of the same bytes;
+//! - growth in pieces ([`DeviceHeap::set_growth_piece`]), whole steps
+//!   against pieces of 256, 32, 8 and 2 MiB: growing by 1 GiB between
+//!   launches, the 1M x 1 KiB launch growing from 64 MiB, and what a trim
+//!   gives back when the last 1/16 of its threads keep their blocks.
 
 use super::device::{fill_and_check, Buffers};
 use super::median;
@@ -107,6 +111,7 @@ pub fn run(gpu: &Gpu, reps: usize, mut progress: impl FnMut(&str)) -> Result<Rep
     no_growth_needed(gpu, &b, reps, &mut report)?;
     progress("giving memory back");
     give_back(gpu, &b, reps, &mut report)?;
+    pieces(gpu, &b, reps, &mut report, &mut progress)?;
     Ok(report)
 }
 
@@ -596,6 +601,125 @@ fn give_back(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) -> Result
             (r.nulls, r.errors) = (errs[0], errs[1]);
         }
         report.rows.push(r);
+    }
+    Ok(())
+}
+
+/// Pieces [`pieces`] compares (0: one mapping per step).
+const PIECES: [usize; 5] = [0, 256 << 20, 32 << 20, 8 << 20, 2 << 20];
+
+/// Growth in pieces against whole steps, for each of [`PIECES`]: a fresh
+/// heap grows by 1 GiB between launches (host wall time per GiB); a
+/// heap growing from 64 MiB while 1M threads keep 1 KiB each (served on
+/// demand, CUDA events; every block filled and checked); then the first
+/// 15/16 of those threads' blocks are freed and a trim between launches
+/// keeps 64 MiB at least: the memory mapped after it (the capacity
+/// column) and its host time. The 64 MiB of blocks the last threads keep
+/// are checked after the trim; a damaged one counts as an error.
+fn pieces(
+    gpu: &Gpu,
+    b: &Buffers,
+    reps: usize,
+    report: &mut Report,
+    progress: &mut impl FnMut(&str),
+) -> Result<()> {
+    let n = KEEP_THREADS;
+    let cfg = LaunchConfig::for_threads(n);
+    let freed = n / 16 * 15;
+    for piece in PIECES {
+        let name = match piece {
+            0 => "cuheap, one mapping per step".to_string(),
+            p => format!("cuheap, pieces of {} MiB", p >> 20),
+        };
+        progress(&format!("growth and give-back, {name}"));
+        let (mut grow, mut launch, mut steps, mut trim, mut left) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        let (mut errs, mut cap, mut grown) = ([0u32; 2], 0, 0);
+        for rep in 0..=reps {
+            let h = DeviceHeap::growable(gpu, START, START + (1 << 30))?;
+            h.set_growth_piece(gpu, piece)?;
+            let t = Instant::now();
+            cap = h.grow(START + (1 << 30))?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            drop(h);
+            let h = keep_heap(gpu, START, true)?;
+            h.set_growth_piece(gpu, piece)?;
+            let svc = h.serve()?;
+            b.ptrs.zero()?;
+            let before = h.growth_stats();
+            // SAFETY: as in `during_launch`.
+            let t = gpu.time(|| unsafe {
+                b.kernels
+                    .alloc_cuheap(&cfg, &h, n, KEEP_SIZE, b.ptrs.as_ptr(), b.errors.as_ptr())
+            })?;
+            let after = h.growth_stats();
+            svc.stop()?;
+            grown = h.capacity();
+            // SAFETY: `b.ptrs` holds the blocks the launch just made.
+            let e = unsafe { check_kept(gpu, b, &h, n)? };
+            // SAFETY: `b.ptrs` holds n live blocks of the heap; the first
+            // `freed` go, the launch is waited for.
+            unsafe {
+                let first = LaunchConfig::for_threads(freed);
+                b.kernels.free_cuheap(&first, &h, freed, b.ptrs.as_ptr())?;
+            }
+            gpu.sync()?;
+            let host = Instant::now();
+            // SAFETY: every launch on the heap was waited for.
+            let kept = unsafe { h.trim(START) }?;
+            let trim_ms = host.elapsed().as_secs_f64() * 1e3;
+            // The last threads' blocks, filled by `check_kept`, still hold
+            // their data.
+            let mut ptrs = vec![0u64; n as usize];
+            b.ptrs.read(0, &mut ptrs)?;
+            ptrs[..freed as usize].fill(0);
+            b.ptrs.write(0, &ptrs)?;
+            // SAFETY: `b.ptrs` holds the live blocks (or nulls), 1 KiB each.
+            unsafe {
+                b.kernels.check_blocks(
+                    &cfg,
+                    b.ptrs.as_ptr(),
+                    n,
+                    KEEP_SIZE,
+                    1,
+                    b.errors.as_ptr(),
+                )?;
+                b.kernels.free_cuheap(&cfg, &h, n, b.ptrs.as_ptr())?;
+            }
+            gpu.sync()?;
+            let [_, damaged] = b.errors()?;
+            errs[0] += e[0];
+            errs[1] += e[1] + damaged;
+            if rep > 0 {
+                grow.push(ms);
+                launch.push(t as f64);
+                steps.push((after.live_steps - before.live_steps) as f64);
+                trim.push(trim_ms);
+                left.push(kept as f64);
+            }
+        }
+        report.rows.push(row(
+            "grow by 1 GiB between launches, by mapping, ms per GiB",
+            name.clone(),
+            grow,
+            cap,
+        ));
+        let mut r = row(
+            "1M threads keep 1 KiB each (1 GiB live), one launch, by mapping",
+            format!("{name}, growing from 64 MiB while the kernel runs"),
+            launch,
+            grown,
+        );
+        r.live_steps = median(&mut steps) as u64;
+        (r.nulls, r.errors) = (errs[0], errs[1]);
+        report.rows.push(r);
+        let kept = median(&mut left) as usize;
+        report.rows.push(row(
+            "the same, then the first 15/16 freed and a trim (capacity: what it keeps)",
+            name,
+            trim,
+            kept,
+        ));
     }
     Ok(())
 }

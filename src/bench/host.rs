@@ -43,6 +43,52 @@ pub struct Throughput {
     /// Times a thread gave up its core waiting, per thread (voluntary
     /// context switches: a contended lock sleeps).
     pub waits_per_thread: f64,
+    /// For runs with each thread pinned to a core of its own: how many
+    /// threads the kernel let pin (`None`: the threads were not pinned).
+    pub pinned: Option<usize>,
+}
+
+/// One CPU of each physical core this process may run on, in order (the
+/// first of its hardware threads; every allowed CPU where the topology
+/// cannot be read).
+fn own_cores() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the call writes at most
+    // its size.
+    let allowed = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect::<Vec<_>>()
+    };
+    let first_sibling = |c: usize| -> Option<usize> {
+        let path = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
+        let list = std::fs::read_to_string(path).ok()?;
+        list.trim()
+            .split([',', '-'])
+            .filter_map(|x| x.parse().ok())
+            .min()
+    };
+    let cores: Vec<usize> = (allowed.iter().copied())
+        .filter(|&c| first_sibling(c).is_none_or(|f| f == c))
+        .collect();
+    if cores.is_empty() {
+        allowed
+    } else {
+        cores
+    }
+}
+
+/// Pins the calling thread to `cpu`; false if the kernel refuses.
+fn pin_to(cpu: usize) -> bool {
+    // SAFETY: as in `own_cores`; `cpu` < CPU_SETSIZE (from that set).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0
+    }
 }
 
 /// CPU time and voluntary context switches of the calling thread so far.
@@ -618,18 +664,32 @@ impl Alloc for PrivateLists<Arc<CudaStream>> {
 }
 
 /// `threads` host threads, each with its own stream, alloc/free pairs of
-/// 256 B..64 KiB with up to 64 live per thread ([`thread_pairs`]).
-fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Throughput> {
+/// 256 B..64 KiB with up to 64 live per thread ([`thread_pairs`]); with
+/// `pin`, thread `t` runs on the `t`-th physical core the process may use
+/// ([`own_cores`]; fewer cores than threads: they are shared in turn).
+fn threaded(
+    gpu: &Gpu,
+    a: &dyn Alloc,
+    threads: usize,
+    pairs: usize,
+    pin: bool,
+) -> Result<Throughput> {
     let streams = new_streams(gpu, threads)?;
     let barrier = Barrier::new(threads + 1);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
+    let cores = if pin { own_cores() } else { Vec::new() };
+    let pinned_threads = AtomicU64::new(0);
     // Per thread: CPU seconds, seconds in the loop, voluntary switches.
     let usage = Mutex::new((0.0f64, 0.0f64, 0u64));
     let start = std::thread::scope(|sc| {
         for (t, s) in streams.iter().enumerate() {
             let (barrier, done, failed, usage, ctx) =
                 (&barrier, &done, &failed, &usage, gpu.context());
+            let (cores, pinned_threads) = (&cores, &pinned_threads);
             sc.spawn(move || {
+                if pin && !cores.is_empty() && pin_to(cores[t % cores.len()]) {
+                    pinned_threads.fetch_add(1, Ordering::Relaxed);
+                }
                 // A thread without the context fails its calls, and they are counted.
                 let _ = ctx.bind_to_thread();
                 barrier.wait();
@@ -695,6 +755,7 @@ fn threaded(gpu: &Gpu, a: &dyn Alloc, threads: usize, pairs: usize) -> Result<Th
         failures: failed.into_inner(),
         cpu_share: cpu / wall.max(f64::MIN_POSITIVE),
         waits_per_thread: waits as f64 / threads as f64,
+        pinned: pin.then(|| pinned_threads.into_inner() as usize),
     })
 }
 
@@ -1056,7 +1117,8 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         c.release(&s);
         for threads in [1, 4, 8, 8] {
             progress(&format!("{} {threads} threads", c.name()));
-            r.throughput.push(threaded(gpu, c, threads, CUHEAP_PAIRS)?);
+            r.throughput
+                .push(threaded(gpu, c, threads, CUHEAP_PAIRS, false)?);
         }
         let fresh = FreshPool(Pool::new(
             gpu.context(),
@@ -1070,7 +1132,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         for threads in [1, 8, 8] {
             progress(&format!("{} {threads} threads", fresh.name()));
             r.throughput
-                .push(threaded(gpu, &fresh, threads, CUHEAP_PAIRS)?);
+                .push(threaded(gpu, &fresh, threads, CUHEAP_PAIRS, false)?);
         }
     }
     for a in &allocs[..2] {
@@ -1085,8 +1147,15 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
             } else {
                 200_000
             };
-            r.throughput.push(threaded(gpu, *a, threads, pairs)?);
+            r.throughput.push(threaded(gpu, *a, threads, pairs, false)?);
         }
+    }
+    // The pool again with each thread on a core of its own: the host's
+    // scheduler out of the comparison.
+    for threads in [1, 8, 8] {
+        progress(&format!("{} {threads} threads, pinned", allocs[0].name()));
+        r.throughput
+            .push(threaded(gpu, allocs[0], threads, CUHEAP_PAIRS, true)?);
     }
     // How far the host's cores scale the case's loop with nothing shared
     // (ten times the pool's pairs: each call is a few nanoseconds).
@@ -1094,7 +1163,12 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
     for threads in [1, 4, 8, 8] {
         progress(&format!("{} {threads} threads", ceiling.name()));
         r.throughput
-            .push(threaded(gpu, &ceiling, threads, 10 * CUHEAP_PAIRS)?);
+            .push(threaded(gpu, &ceiling, threads, 10 * CUHEAP_PAIRS, false)?);
+    }
+    for threads in [1, 8, 8] {
+        progress(&format!("{} {threads} threads, pinned", ceiling.name()));
+        r.throughput
+            .push(threaded(gpu, &ceiling, threads, 10 * CUHEAP_PAIRS, true)?);
     }
     s.synchronize().map_err(|source| Error::Driver {
         what: "cuStreamSynchronize",
@@ -1135,12 +1209,24 @@ pub fn table(r: &HostReport) -> String {
         let one = r
             .throughput
             .iter()
-            .find(|x| x.allocator == t.allocator && x.threads == 1)
+            .find(|x| {
+                x.allocator == t.allocator
+                    && x.threads == 1
+                    && x.pinned.is_some() == t.pinned.is_some()
+            })
             .map_or(f64::NAN, |x| x.pairs_per_s);
+        let allocator = match t.pinned {
+            None => t.allocator.to_string(),
+            Some(k) if k == t.threads => format!("{}, pinned (a core each)", t.allocator),
+            Some(k) => format!(
+                "{}, pinned ({k} of {} threads could be)",
+                t.allocator, t.threads
+            ),
+        };
         out += &format!(
             "| {} | {} | {:.2} | {:.2}x | {} | {:.2} | {:.0} |\n",
             t.threads,
-            t.allocator,
+            allocator,
             t.pairs_per_s / 1e6,
             t.pairs_per_s / one,
             t.failures,
