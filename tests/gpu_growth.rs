@@ -1038,3 +1038,55 @@ fn check_kept(gpu: &cuheap::Gpu, b: &Bufs, n: u32) {
     gpu.sync().unwrap();
     assert_eq!(b.take_errors(), [0, 0], "a kept block lost its data");
 }
+
+/// Growth in pieces that runs past the device's memory is an
+/// `OutOfMemory` error, not a short success: the pieces it mapped before
+/// stay mapped and usable (blocks there check), and a trim gives them all
+/// back (`cuMemGetInfo` shows it).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn growth_in_pieces_past_the_device_is_an_error_and_keeps_what_it_mapped() {
+    let _one = one_at_a_time();
+    let gpu = gpu();
+    let start = 64usize << 20;
+    let idle = gpu.mem_info().unwrap().0;
+    let max = (idle + (4 << 30)).next_multiple_of(1 << 30);
+    let h = DeviceHeap::growable(&gpu, start, max).unwrap();
+    assert_eq!(h.set_growth_piece(&gpu, 1 << 30).unwrap(), 1 << 30);
+    let err = h.grow(max).unwrap_err();
+    assert!(
+        matches!(err, cuheap::Error::OutOfMemory { .. }),
+        "growth past the device: {err}"
+    );
+    let cap = h.capacity();
+    assert!(
+        cap > start + (idle >> 1) && cap < max,
+        "{} MiB mapped of {} MiB asked, {} MiB were free",
+        cap >> 20,
+        max >> 20,
+        idle >> 20
+    );
+    // Blocks from the pieces it mapped: 1M threads of 4 KiB (4 GiB).
+    let n = 1u32 << 20;
+    let b = Bufs::new(&gpu, n);
+    alloc(&gpu, &h, &b, n, 4096);
+    assert_eq!(b.take_errors(), [0, 0]);
+    fill_check(&gpu, &b, n, 4096);
+    assert_eq!(b.take_errors(), [0, 0]);
+    free(&gpu, &h, &b, n);
+    let before = gpu.mem_info().unwrap().0;
+    // SAFETY: every launch on this heap was waited for.
+    assert_eq!(unsafe { h.trim(start) }.unwrap(), start);
+    let back = gpu.mem_info().unwrap().0.saturating_sub(before);
+    assert!(
+        back + (1 << 30) >= cap - start,
+        "{} MiB unmapped, {} MiB back",
+        (cap - start) >> 20,
+        back >> 20
+    );
+    println!(
+        "growth past the device in 1 GiB pieces: {err}; {} MiB mapped of {} MiB free before",
+        cap >> 20,
+        idle >> 20
+    );
+}

@@ -155,11 +155,14 @@ impl DeviceHeap {
     }
 
     /// Maps memory until `bytes` are usable (one mapping of new memory,
-    /// whatever the step; banked pieces of a shared reservation first) and
-    /// writes the new page limit (on the heap's own
+    /// whatever the step, or one per piece after
+    /// [`DeviceHeap::set_growth_piece`]; banked pieces of a shared
+    /// reservation first) and writes the new page limit (on the heap's own
     /// non-blocking stream); launches after this call use the new pages,
     /// and so do running kernels that look for a fresh page. Returns the
-    /// usable bytes. Fixed heaps cannot grow.
+    /// usable bytes. Fixed heaps cannot grow. Short of `bytes` (the device
+    /// or the range full) it is an [`Error::OutOfMemory`]; what it mapped
+    /// before that (pieces, banked memory) stays mapped and usable.
     ///
     /// After trims on a stream ([`DeviceHeap::trim_on`]) it first unmaps
     /// what those that are done fenced, then, while no growth service
@@ -308,7 +311,12 @@ impl DeviceHeap {
             if target <= cap {
                 return Err(self.short_of(bytes as usize));
             }
-            self.grow(target)?;
+            match self.grow(target) {
+                Ok(_) => {}
+                // Short of the target, but grown: the retry may fit.
+                Err(Error::OutOfMemory { .. }) if self.capacity() > cap => {}
+                Err(e) => return Err(e),
+            }
         }
         Err(self.short_of(seen.1 as usize))
     }
@@ -503,6 +511,13 @@ impl DeviceHeap {
     /// its memory. Growth maps the range again later, blocks keep their
     /// addresses, and a step that holds one live block stays.
     ///
+    /// Once the heap's upkeep kernels are loaded (by
+    /// [`DeviceHeap::set_growth_piece`] or [`DeviceHeap::trim_on`]), and
+    /// while no growth service runs, it also gives back the free mappings
+    /// before the last one in use (whole steps, or pieces): it fences their
+    /// pages in the metadata, writes that back, then unmaps them, and they
+    /// stay holes that [`DeviceHeap::grow`] maps again.
+    ///
     /// # Time complexity
     ///
     /// Two copies of the metadata (about 1 MiB per GiB of reservation)
@@ -563,10 +578,12 @@ impl DeviceHeap {
                     }
                 }
                 // Then free mappings before the last one in use, when
-                // growth can map their holes again.
-                if failed.is_ok() && g.can_punch() {
-                    failed = punch_free(region, heap, keep.max(PAGE_SIZE));
-                }
+                // growth can map their holes again: fenced here, unmapped
+                // once the fences are on the device.
+                let fenced = match failed.is_ok() && g.can_punch() {
+                    true => fence_free(region, heap, keep.max(PAGE_SIZE)),
+                    false => Vec::new(),
+                };
                 // Whatever failed, the limit is what the range covers now:
                 // lowered past what went, and raised over memory a failed
                 // step mapped but did not publish.
@@ -585,6 +602,22 @@ impl DeviceHeap {
                     .store(0, std::sync::atomic::Ordering::Relaxed);
                 // Fresh pages are searched for in the whole heap again.
                 c.grow_floor.store(0, std::sync::atomic::Ordering::Relaxed);
+                failed.map(|()| fenced)
+            });
+            // The fenced mappings go now that no allocation can take their
+            // pages; one that fails to unmap stays mapped and fenced
+            // (unused until a reset), and its error is returned.
+            let out = out.and_then(|fenced| {
+                let mut failed = Ok(());
+                for (at, len) in fenced {
+                    // SAFETY: every page of the mapping is fenced on the
+                    // device (the copy was written back) and no kernel
+                    // runs (the caller's contract); it is one mapping the
+                    // layout listed, of its length.
+                    if let Err(e) = unsafe { region.release(at, len) } {
+                        failed = failed.and(Err(e));
+                    }
+                }
                 failed
             });
             g.published_as(region.end());
@@ -606,9 +639,13 @@ impl DeviceHeap {
     /// It also loads the heap's upkeep kernels from `gpu`'s module (as
     /// [`DeviceHeap::trim_on`] does: `cuheap::BENCH_PTX` holds them),
     /// and from then on [`DeviceHeap::trim`] also gives back free
-    /// mappings before the last one in use, leaving holes that
-    /// [`DeviceHeap::grow`] maps again. A fixed heap is an
-    /// [`Error::InvalidArgument`].
+    /// mappings before the last one in use while no growth service runs,
+    /// leaving holes that [`DeviceHeap::grow`] maps again. A fixed heap
+    /// is an [`Error::InvalidArgument`].
+    ///
+    /// In a shared [`Reservation`], banked memory is mapped as the piece
+    /// it was banked as, which may be longer than `piece` (a heap's whole
+    /// step, say): only new memory comes in pieces.
     pub fn set_growth_piece(&self, gpu: &Gpu, piece: usize) -> Result<usize> {
         self.grower()?.set_piece(gpu, piece)
     }
@@ -648,7 +685,9 @@ impl DeviceHeap {
     ///
     /// `gpu`'s module must hold the upkeep kernels (`heap_fence_free`,
     /// `heap_unfence`), as `cuheap::BENCH_PTX` does (the module of
-    /// `cuheap::open_bench_gpu`), on the heap's device; else
+    /// `cuheap::open_bench_gpu`), on the heap's device (once loaded, they
+    /// also let [`DeviceHeap::trim`] give back free steps before the last
+    /// one in use); else
     /// [`Error::InvalidArgument`]. At most 8 trims wait to be finished at
     /// once (then [`Error::InvalidArgument`] too: finish them first).
     pub fn trim_on(&self, gpu: &Gpu, stream: &Arc<CudaStream>, keep: usize) -> Result<()> {
@@ -808,31 +847,25 @@ impl Param for HeapHandle {
     }
 }
 
-/// Gives back the mappings of `region` that no block uses, from the end,
-/// while at least `keep` bytes stay mapped, leaving holes: fences their
-/// pages in `heap` (a host copy of the metadata, no kernel running), then
-/// unmaps them. A mapping that starts below `keep` stays. A failed unmap
-/// gives its pages back to service and ends the pass with its error.
-fn punch_free(region: &VmmRegion, heap: &Heap<u32>, keep: usize) -> Result<()> {
+/// Fences in `heap` (a host copy of the metadata, no kernel running) the
+/// pages of each mapping of `region` that no block uses, from the end,
+/// while at least `keep` bytes would stay mapped, and returns those
+/// mappings (offset, length), for the caller to unmap once the copy is
+/// on the device: they become holes. A mapping that starts below `keep`
+/// stays.
+fn fence_free(region: &VmmRegion, heap: &Heap<u32>, keep: usize) -> Vec<(usize, usize)> {
     let page = |bytes: usize| (bytes / PAGE_SIZE) as u32;
     let layout = region.layout();
     let mut mapped = layout.mapped;
+    let mut fenced = Vec::new();
     for &(at, len) in layout.mappings.iter().rev() {
         if at < keep || mapped.saturating_sub(len) < keep {
             continue;
         }
-        if !heap.fence(page(at), page(at + len)) {
-            continue; // a block is in use there
+        if heap.fence(page(at), page(at + len)) {
+            mapped -= len;
+            fenced.push((at, len));
         }
-        // SAFETY: its pages are fenced (none in use, none can be claimed)
-        // and no kernel runs (the caller's contract); the mapping is one
-        // the layout lists, of its length.
-        if let Err(e) = unsafe { region.release(at, len) } {
-            // SAFETY: fenced just above, by this pass; still mapped.
-            unsafe { heap.unfence(page(at), page(at + len)) };
-            return Err(e);
-        }
-        mapped -= len;
     }
-    Ok(())
+    fenced
 }

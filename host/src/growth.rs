@@ -3,8 +3,10 @@
 //! A growable heap's data is a [`VmmRegion`]: reserved address space with
 //! memory mapped behind a prefix. [`Grower::grow`] maps a step (one
 //! `cuMemCreate`, one `cuMemMap`, one `cuMemSetAccess`, whatever its
-//! size; in a shared reservation, banked pieces first, one mapping each)
-//! and then writes the heap's page limit in device memory.
+//! size, unless the heap grows in pieces ([`Grower::set_piece`]: a
+//! create and a map per piece); in a shared reservation, banked pieces
+//! first, one mapping each) and then writes the heap's page limit in
+//! device memory.
 //!
 //! While kernels run, a [`GrowthService`] thread answers their requests
 //! (the protocol is in `cuheap_core`'s `heap::grow`): a thread of a kernel
@@ -15,6 +17,7 @@
 //! new limit with a copy on its own stream, which runs beside the kernel.
 //! The kernel's waiting threads poll the limit in device memory.
 
+use crate::backend::Backend;
 use crate::device_heap::HeapArg;
 use crate::driver::memory::{copy_from_device_on, copy_to_device_on};
 use crate::driver::{DevicePtr, Gpu, Kernel, LaunchConfig};
@@ -285,7 +288,17 @@ impl Grower {
             let holes = self.region.end() - self.region.mapped();
             self.grow_locked(bytes.saturating_add(holes))?;
         }
-        Ok(self.region.mapped())
+        // Pieces (or banked memory) mapped before the device ran out stay
+        // mapped and published; the call still failed.
+        let mapped = self.region.mapped();
+        if mapped < bytes {
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                reserved: mapped,
+                free: self.region.backend().free_memory(),
+            });
+        }
+        Ok(mapped)
     }
 
     /// Whether holes can be mapped again now: the upkeep kernels are
@@ -433,12 +446,10 @@ impl Grower {
     }
 
     /// Whether holes a trim between launches leaves can be mapped again
-    /// (the upkeep kernels are loaded).
+    /// now (see [`Grower::can_refill`]: the upkeep kernels are loaded and
+    /// no service runs, which would map past them).
     pub(crate) fn can_punch(&self) -> bool {
-        self.upkeep
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+        self.can_refill().is_some()
     }
 
     /// The kernels a trim while kernels run uses, from `gpu`'s module

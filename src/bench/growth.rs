@@ -605,8 +605,18 @@ fn give_back(gpu: &Gpu, b: &Buffers, reps: usize, report: &mut Report) -> Result
     Ok(())
 }
 
-/// Pieces [`pieces`] compares (0: one mapping per step).
-const PIECES: [usize; 5] = [0, 256 << 20, 32 << 20, 8 << 20, 2 << 20];
+/// Pieces [`pieces`] compares: `None`, a heap as made (one mapping per
+/// step, no upkeep kernels: a trim stops at the last step in use);
+/// `Some(0)`, one mapping per step with the upkeep kernels loaded (a trim
+/// also gives back free steps before it); else pieces of that many bytes.
+const PIECES: [Option<usize>; 6] = [
+    None,
+    Some(0),
+    Some(256 << 20),
+    Some(32 << 20),
+    Some(8 << 20),
+    Some(2 << 20),
+];
 
 /// Growth in pieces against whole steps, for each of [`PIECES`]: a fresh
 /// heap grows by 1 GiB between launches (host wall time per GiB); a
@@ -628,22 +638,24 @@ fn pieces(
     let freed = n / 16 * 15;
     for piece in PIECES {
         let name = match piece {
-            0 => "cuheap, one mapping per step".to_string(),
-            p => format!("cuheap, pieces of {} MiB", p >> 20),
+            None => "cuheap, one mapping per step, as made".to_string(),
+            Some(0) => "cuheap, one mapping per step, upkeep kernels loaded".to_string(),
+            Some(p) => format!("cuheap, pieces of {} MiB", p >> 20),
         };
+        let set = |h: &DeviceHeap| piece.map_or(Ok(0), |p| h.set_growth_piece(gpu, p));
         progress(&format!("growth and give-back, {name}"));
         let (mut grow, mut launch, mut steps, mut trim, mut left) =
             (vec![], vec![], vec![], vec![], vec![]);
         let (mut errs, mut cap, mut grown) = ([0u32; 2], 0, 0);
         for rep in 0..=reps {
             let h = DeviceHeap::growable(gpu, START, START + (1 << 30))?;
-            h.set_growth_piece(gpu, piece)?;
+            set(&h)?;
             let t = Instant::now();
             cap = h.grow(START + (1 << 30))?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             drop(h);
             let h = keep_heap(gpu, START, true)?;
-            h.set_growth_piece(gpu, piece)?;
+            set(&h)?;
             let svc = h.serve()?;
             b.ptrs.zero()?;
             let before = h.growth_stats();

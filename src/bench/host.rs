@@ -43,9 +43,12 @@ pub struct Throughput {
     /// Times a thread gave up its core waiting, per thread (voluntary
     /// context switches: a contended lock sleeps).
     pub waits_per_thread: f64,
-    /// For runs with each thread pinned to a core of its own: how many
-    /// threads the kernel let pin (`None`: the threads were not pinned).
+    /// For runs with each thread pinned to a core: how many threads the
+    /// kernel let pin (`None`: the threads were not pinned).
     pub pinned: Option<usize>,
+    /// For pinned runs, the physical cores the threads were spread over
+    /// (fewer than the threads: some share one).
+    pub pinned_cores: usize,
 }
 
 /// One CPU of each physical core this process may run on, in order (the
@@ -63,22 +66,21 @@ fn own_cores() -> Vec<usize> {
             .filter(|&c| libc::CPU_ISSET(c, &set))
             .collect::<Vec<_>>()
     };
-    let first_sibling = |c: usize| -> Option<usize> {
+    // The lowest allowed CPU among `c`'s hardware threads (a list such
+    // as "0,64" or "0-1"), if the topology can be read.
+    let first_allowed_sibling = |c: usize| -> Option<usize> {
         let path = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
         let list = std::fs::read_to_string(path).ok()?;
-        list.trim()
-            .split([',', '-'])
-            .filter_map(|x| x.parse().ok())
-            .min()
+        let mut siblings = Vec::new();
+        for part in list.trim().split(',') {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            siblings.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?);
+        }
+        siblings.into_iter().filter(|s| allowed.contains(s)).min()
     };
-    let cores: Vec<usize> = (allowed.iter().copied())
-        .filter(|&c| first_sibling(c).is_none_or(|f| f == c))
-        .collect();
-    if cores.is_empty() {
-        allowed
-    } else {
-        cores
-    }
+    (allowed.iter().copied())
+        .filter(|&c| first_allowed_sibling(c).is_none_or(|f| f == c))
+        .collect()
 }
 
 /// Pins the calling thread to `cpu`; false if the kernel refuses.
@@ -157,6 +159,25 @@ pub struct HostReport {
     pub loops: Vec<LoopCost>,
     pub throughput: Vec<Throughput>,
     pub memory: Vec<MemoryUse>,
+    /// Cases run for two allocators in alternating rounds.
+    pub alternating: Vec<Alternating>,
+}
+
+/// A case run for two allocators in alternating rounds
+/// ([`mixed_alternating`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct Alternating {
+    pub case: String,
+    pub allocators: [&'static str; 2],
+    /// Per round, each allocator's allocation p50 in microseconds.
+    pub rounds: Vec<[f64; 2]>,
+}
+
+impl Alternating {
+    /// Per round, the second allocator's p50 over the first's.
+    pub fn ratios(&self) -> Vec<f64> {
+        self.rounds.iter().map(|[a, b]| b / a).collect()
+    }
 }
 
 /// The three allocators behind one interface: the host crate's
@@ -499,31 +520,14 @@ pub fn xorshift(x: &mut u64) -> u64 {
 /// 10,000 live blocks of 256 B..1 MiB: allocate all, free all; three
 /// rounds, the last two timed.
 fn mixed(a: &dyn Alloc, s: &Arc<CudaStream>) -> Result<Latency> {
-    let mut rng = 0x1234_5678_9abc_def0u64;
-    let sizes: Vec<usize> = (0..10_000)
-        .map(|_| 256 + (xorshift(&mut rng) % (1 << 20)) as usize)
-        .collect();
+    let sizes = mixed_sizes();
     let (mut ta, mut tf) = (Vec::new(), Vec::new());
     for round in 0..3 {
-        let mut live = Vec::with_capacity(sizes.len());
-        for &sz in &sizes {
-            let t = Instant::now();
-            live.push(a.allocate(sz, s)?);
-            if round > 0 {
-                ta.push(us(t));
-            }
+        let (a_us, f_us) = mixed_round(a, s, &sizes)?;
+        if round > 0 {
+            ta.extend(a_us);
+            tf.extend(f_us);
         }
-        for p in live {
-            let t = Instant::now();
-            a.deallocate(p, s)?;
-            if round > 0 {
-                tf.push(us(t));
-            }
-        }
-        s.synchronize().map_err(|source| Error::Driver {
-            what: "cuStreamSynchronize",
-            source,
-        })?;
     }
     Ok(Latency {
         allocator: a.name(),
@@ -532,6 +536,66 @@ fn mixed(a: &dyn Alloc, s: &Arc<CudaStream>) -> Result<Latency> {
         alloc_p99_us: pct(&mut ta, 0.99),
         free_p50_us: pct(&mut tf, 0.5),
         free_p99_us: pct(&mut tf, 0.99),
+    })
+}
+
+/// The mixed case's sizes: 10,000 of 256 B..1 MiB, the same every run.
+fn mixed_sizes() -> Vec<usize> {
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    (0..10_000)
+        .map(|_| 256 + (xorshift(&mut rng) % (1 << 20)) as usize)
+        .collect()
+}
+
+/// One round of the mixed case: every size allocated (all live at the
+/// end), then every block freed, then the stream synchronised. Returns
+/// each allocation's and each free's time in microseconds.
+fn mixed_round(
+    a: &dyn Alloc,
+    s: &Arc<CudaStream>,
+    sizes: &[usize],
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (mut ta, mut tf) = (Vec::with_capacity(sizes.len()), Vec::new());
+    let mut live = Vec::with_capacity(sizes.len());
+    for &sz in sizes {
+        let t = Instant::now();
+        live.push(a.allocate(sz, s)?);
+        ta.push(us(t));
+    }
+    tf.reserve(live.len());
+    for p in live {
+        let t = Instant::now();
+        a.deallocate(p, s)?;
+        tf.push(us(t));
+    }
+    s.synchronize().map_err(|source| Error::Driver {
+        what: "cuStreamSynchronize",
+        source,
+    })?;
+    Ok((ta, tf))
+}
+
+/// Rounds of [`mixed_alternating`].
+const ALTERNATING_ROUNDS: usize = 9;
+
+/// The mixed case for two allocators in alternating rounds (a warm-up
+/// round each first), so that both meet the same moment of the host:
+/// per round, each one's allocation p50 in microseconds. A failed call
+/// ends the case with its error.
+fn mixed_alternating(a: &dyn Alloc, b: &dyn Alloc, s: &Arc<CudaStream>) -> Result<Alternating> {
+    let sizes = mixed_sizes();
+    mixed_round(a, s, &sizes)?;
+    mixed_round(b, s, &sizes)?;
+    let mut rounds = Vec::with_capacity(ALTERNATING_ROUNDS);
+    for _ in 0..ALTERNATING_ROUNDS {
+        let (mut ta, _) = mixed_round(a, s, &sizes)?;
+        let (mut tb, _) = mixed_round(b, s, &sizes)?;
+        rounds.push([pct(&mut ta, 0.5), pct(&mut tb, 0.5)]);
+    }
+    Ok(Alternating {
+        case: "mixed 256 B..1 MiB, 10,000 live, alternating rounds".into(),
+        allocators: [a.name(), b.name()],
+        rounds,
     })
 }
 
@@ -756,6 +820,7 @@ fn threaded(
         cpu_share: cpu / wall.max(f64::MIN_POSITIVE),
         waits_per_thread: waits as f64 / threads as f64,
         pinned: pin.then(|| pinned_threads.into_inner() as usize),
+        pinned_cores: if pin { cores.len().min(threads) } else { 0 },
     })
 }
 
@@ -1138,6 +1203,11 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
     for a in &allocs[..2] {
         progress(&format!("{} mixed", a.name()));
         r.latency.push(mixed(*a, &s)?);
+        if a.name() == allocs[1].name() {
+            progress("mixed, alternating rounds");
+            r.alternating
+                .push(mixed_alternating(allocs[0], allocs[1], &s)?);
+        }
         progress(&format!("{} producer/consumer", a.name()));
         r.latency.push(producer_consumer(gpu, *a, 2000)?);
         for threads in [1, 4, 8, 8] {
@@ -1198,6 +1268,26 @@ pub fn table(r: &HostReport) -> String {
             l.case, l.allocator, l.alloc_p50_us, l.alloc_p99_us, l.free_p50_us, l.free_p99_us
         );
     }
+    for alt in r.alternating.iter().filter(|a| !a.rounds.is_empty()) {
+        let [a, b] = alt.allocators;
+        out += &format!(
+            "\n| {} | round | {a} alloc p50 | {b} alloc p50 | {b} / {a} |\n|---|---|---|---|---|\n",
+            alt.case
+        );
+        for (i, ([x, y], q)) in alt.rounds.iter().zip(alt.ratios()).enumerate() {
+            out += &format!("| | {} | {x:.3} | {y:.3} | {q:.1}x |\n", i + 1);
+        }
+        let mut q = alt.ratios();
+        let (lo, hi) = (
+            q.iter().copied().fold(f64::INFINITY, f64::min),
+            q.iter().copied().fold(0.0, f64::max),
+        );
+        out += &format!(
+            "| | median of {} rounds | | | {:.1}x ({lo:.1}x-{hi:.1}x) |\n",
+            q.len(),
+            pct(&mut q, 0.5)
+        );
+    }
     if !r.loops.is_empty() {
         out += "\n| single size, alloc + free pairs in a loop (no clock per call) | allocator | ns per call (median of 7 batches) |\n|---|---|---|\n";
         for l in &r.loops {
@@ -1217,10 +1307,12 @@ pub fn table(r: &HostReport) -> String {
             .map_or(f64::NAN, |x| x.pairs_per_s);
         let allocator = match t.pinned {
             None => t.allocator.to_string(),
-            Some(k) if k == t.threads => format!("{}, pinned (a core each)", t.allocator),
+            Some(k) if k == t.threads && t.pinned_cores == t.threads => {
+                format!("{}, pinned (a core each)", t.allocator)
+            }
             Some(k) => format!(
-                "{}, pinned ({k} of {} threads could be)",
-                t.allocator, t.threads
+                "{}, pinned ({k} of {} threads, on {} cores)",
+                t.allocator, t.threads, t.pinned_cores
             ),
         };
         out += &format!(
@@ -1326,5 +1418,59 @@ mod tests {
         assert_eq!(failures(&r), 0);
         r.memory[0].failures = 2;
         assert_eq!(failures(&r), 2);
+    }
+
+    #[test]
+    fn own_cores_are_allowed_distinct_and_one_per_core() {
+        let cores = own_cores();
+        assert!(!cores.is_empty());
+        let mut sorted = cores.clone();
+        sorted.dedup();
+        assert_eq!(sorted, cores, "in order, no CPU twice");
+        for &c in &cores {
+            // A core's other hardware threads are not listed too.
+            let path = format!("/sys/devices/system/cpu/cpu{c}/topology/core_id");
+            let package = format!("/sys/devices/system/cpu/cpu{c}/topology/physical_package_id");
+            if let (Ok(core), Ok(pkg)) = (
+                std::fs::read_to_string(&path),
+                std::fs::read_to_string(&package),
+            ) {
+                let same = cores.iter().filter(|&&d| {
+                    let p = |f: &str| {
+                        std::fs::read_to_string(format!(
+                            "/sys/devices/system/cpu/cpu{d}/topology/{f}"
+                        ))
+                        .unwrap_or_default()
+                    };
+                    p("core_id") == core && p("physical_package_id") == pkg
+                });
+                assert_eq!(
+                    same.count(),
+                    1,
+                    "cpu {c} shares its core with another listed CPU"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn alternating_rounds_show_each_ratio_and_their_median() {
+        let mut r = HostReport {
+            device: "test".into(),
+            ..HostReport::default()
+        };
+        r.alternating.push(Alternating {
+            case: "mixed".into(),
+            allocators: ["pool", "async"],
+            rounds: vec![[0.2, 2.0], [0.1, 1.5], [0.3, 2.4]],
+        });
+        let t = table(&r);
+        assert!(t.contains("| | 2 | 0.100 | 1.500 | 15.0x |"), "{t}");
+        assert!(
+            t.contains("| | median of 3 rounds | | | 10.0x (8.0x-15.0x) |"),
+            "{t}"
+        );
+        r.alternating[0].rounds.clear();
+        assert!(!table(&r).contains("median of"));
     }
 }
