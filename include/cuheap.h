@@ -335,7 +335,9 @@ int cuheap_device_heap_handle(const cuheap_device_heap_t* heap, cuheap_heap_t* o
 int cuheap_device_heap_capacity(const cuheap_device_heap_t* heap, size_t* out);
 /* Maps memory until bytes are usable (every block keeps its address);
  * later kernels, and running kernels looking for a fresh page, use it.
- * A fixed heap or bytes past max: CUHEAP_ERROR_INVALID. */
+ * A fixed heap or bytes past max: CUHEAP_ERROR_INVALID. Out of device
+ * memory part-way: CUHEAP_ERROR_OUT_OF_MEMORY, and what was mapped before
+ * stays mapped and usable (see cuheap_device_heap_capacity). */
 int cuheap_device_heap_grow(cuheap_device_heap_t* heap, size_t bytes, size_t* usable);
 /* Unmaps growth steps at the end that no block uses, keeping at least
  * keep bytes. No kernel that uses the heap may be running or queued. */

@@ -233,8 +233,10 @@ pub unsafe extern "C" fn cuheap_device_heap_capacity(
 /// usable)`. Kernels launched afterwards, and running kernels looking for
 /// a fresh page, use the new pages; every block keeps its address. A
 /// fixed heap, or `bytes` past the heap's maximum, is
-/// `CUHEAP_ERROR_INVALID`; no device memory `CUHEAP_ERROR_OUT_OF_MEMORY`.
-/// `*usable` (if not NULL) gets the usable bytes afterwards.
+/// `CUHEAP_ERROR_INVALID`; no device memory `CUHEAP_ERROR_OUT_OF_MEMORY`
+/// (what was mapped before the device ran out stays mapped and usable:
+/// `cuheap_device_heap_capacity` says how much). `*usable` (if not NULL)
+/// gets the usable bytes afterwards, on success.
 ///
 /// # Safety
 ///

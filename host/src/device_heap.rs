@@ -126,6 +126,8 @@ impl DeviceHeap {
     }
 
     fn on_region(gpu: &Gpu, region: VmmRegion, initial: usize) -> Result<DeviceHeap> {
+        // An initial size past the range maps the whole range.
+        let initial = initial.max(PAGE_SIZE).min(region.reserved());
         let pages = pages_of(region.reserved())?;
         let slots = gpu.info().sms.max(1);
         let layout = Layout::new(pages, slots);
@@ -150,7 +152,7 @@ impl DeviceHeap {
             layout,
             placement: std::sync::Mutex::new(0),
         };
-        heap.grow(initial.max(PAGE_SIZE))?;
+        heap.grow(initial)?;
         Ok(heap)
     }
 
@@ -686,8 +688,8 @@ impl DeviceHeap {
     /// `gpu`'s module must hold the upkeep kernels (`heap_fence_free`,
     /// `heap_unfence`), as `cuheap::BENCH_PTX` does (the module of
     /// `cuheap::open_bench_gpu`), on the heap's device (once loaded, they
-    /// also let [`DeviceHeap::trim`] give back free steps before the last
-    /// one in use); else
+    /// also let [`DeviceHeap::trim`], while no growth service runs, give
+    /// back free steps or pieces before the last one in use); else
     /// [`Error::InvalidArgument`]. At most 8 trims wait to be finished at
     /// once (then [`Error::InvalidArgument`] too: finish them first).
     pub fn trim_on(&self, gpu: &Gpu, stream: &Arc<CudaStream>, keep: usize) -> Result<()> {

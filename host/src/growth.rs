@@ -274,6 +274,14 @@ impl Grower {
     /// it maps the rest at the end (one step).
     pub(crate) fn grow(&self, bytes: usize) -> Result<usize> {
         self.finish_trims(false)?;
+        // Past what can ever be usable: refused before anything is mapped.
+        if bytes > self.room() {
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                reserved: self.region.mapped(),
+                free: self.region.backend().free_memory(),
+            });
+        }
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let t = Instant::now();
         let mapped_before = self.region.mapped();

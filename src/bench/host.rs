@@ -52,8 +52,8 @@ pub struct Throughput {
 }
 
 /// One CPU of each physical core this process may run on, in order (the
-/// first of its hardware threads; every allowed CPU where the topology
-/// cannot be read).
+/// lowest allowed of the core's hardware threads; every allowed CPU where
+/// the topology cannot be read).
 fn own_cores() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is an empty set; the call writes at most
     // its size.
@@ -604,8 +604,8 @@ fn mixed_round_whole(a: &dyn Alloc, s: &Arc<CudaStream>, sizes: &[usize]) -> Res
 /// round runs `a` then `b` with a clock around each call (their
 /// allocation p50s, in microseconds), then `a` then `b` timed whole (the
 /// mean allocation, in nanoseconds, with no clock per call: the clock's
-/// tens of nanoseconds weigh on the faster one only). A failed call ends
-/// the case with its error.
+/// tens of nanoseconds weigh on the faster one only). A failed call is
+/// returned as the error (and ends the host benchmark).
 fn mixed_alternating(
     a: &dyn Alloc,
     b: &dyn Alloc,
@@ -847,6 +847,7 @@ fn threaded(
         )?;
     }
     let (cpu, wall, waits) = usage.into_inner().unwrap_or_else(|p| p.into_inner());
+    let pinned_ok = pinned_threads.into_inner() as usize;
     for s in &streams {
         a.release(s);
     }
@@ -858,8 +859,8 @@ fn threaded(
         failures: failed.into_inner(),
         cpu_share: cpu / wall.max(f64::MIN_POSITIVE),
         waits_per_thread: waits as f64 / threads as f64,
-        pinned: pin.then(|| pinned_threads.into_inner() as usize),
-        pinned_cores: if pin { cores.len().min(threads) } else { 0 },
+        pinned: pin.then_some(pinned_ok),
+        pinned_cores: if pin { cores.len().min(pinned_ok) } else { 0 },
     })
 }
 
@@ -1463,31 +1464,36 @@ mod tests {
     fn own_cores_are_allowed_distinct_and_one_per_core() {
         let cores = own_cores();
         assert!(!cores.is_empty());
-        let mut sorted = cores.clone();
-        sorted.dedup();
-        assert_eq!(sorted, cores, "in order, no CPU twice");
+        assert!(
+            cores.windows(2).all(|w| w[0] < w[1]),
+            "in order, no CPU twice: {cores:?}"
+        );
+        // SAFETY: as in `own_cores`.
+        let allowed = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set),
+                0
+            );
+            set
+        };
         for &c in &cores {
-            // A core's other hardware threads are not listed too.
-            let path = format!("/sys/devices/system/cpu/cpu{c}/topology/core_id");
-            let package = format!("/sys/devices/system/cpu/cpu{c}/topology/physical_package_id");
-            if let (Ok(core), Ok(pkg)) = (
-                std::fs::read_to_string(&path),
-                std::fs::read_to_string(&package),
-            ) {
-                let same = cores.iter().filter(|&&d| {
-                    let p = |f: &str| {
-                        std::fs::read_to_string(format!(
-                            "/sys/devices/system/cpu/cpu{d}/topology/{f}"
-                        ))
-                        .unwrap_or_default()
-                    };
-                    p("core_id") == core && p("physical_package_id") == pkg
-                });
-                assert_eq!(
-                    same.count(),
-                    1,
-                    "cpu {c} shares its core with another listed CPU"
-                );
+            // SAFETY: `c` < CPU_SETSIZE.
+            let ok = unsafe { libc::CPU_ISSET(c, &allowed) };
+            assert!(ok, "cpu {c} is not allowed");
+            // No other listed CPU is one of its hardware threads.
+            let path = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
+            if let Ok(list) = std::fs::read_to_string(path) {
+                for part in list.trim().split(',') {
+                    let (a, b) = part.split_once('-').unwrap_or((part, part));
+                    let (a, b): (usize, usize) = (a.parse().unwrap(), b.parse().unwrap());
+                    let others = cores.iter().filter(|&&d| d != c && (a..=b).contains(&d));
+                    assert_eq!(
+                        others.count(),
+                        0,
+                        "cpu {c} shares its core with a listed CPU"
+                    );
+                }
             }
         }
     }

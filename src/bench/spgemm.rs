@@ -478,11 +478,17 @@ fn measure_ours(
                 if matches!(m, Method::Cuheap { .. }) && attempt < 8 =>
             {
                 let cap = heap.capacity();
-                if heap.grow(cap.saturating_mul(2))? <= cap {
-                    return Err(Error::DeviceHeapExhausted {
-                        failed: 0,
-                        bytes: 0,
-                    });
+                match heap.grow(cap.saturating_mul(2)) {
+                    Ok(now) if now > cap => {}
+                    // Short of the double, but grown: try again.
+                    Err(Error::OutOfMemory { .. }) if heap.capacity() > cap => {}
+                    Ok(_) | Err(Error::OutOfMemory { .. }) => {
+                        return Err(Error::DeviceHeapExhausted {
+                            failed: 0,
+                            bytes: 0,
+                        })
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             Err(e) => return Err(e),
