@@ -1090,3 +1090,56 @@ fn growth_in_pieces_past_the_device_is_an_error_and_keeps_what_it_mapped() {
         idle >> 20
     );
 }
+
+/// While a growth service runs, a trim between launches leaves no hole
+/// (the service would map past it): only what lies at the end goes. Once
+/// the service stops, the free pieces before the last one in use go too.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_trim_punches_no_hole_while_a_service_runs() {
+    let _one = one_at_a_time();
+    let gpu = gpu();
+    let (start, step) = (64usize << 20, 512usize << 20);
+    let h = DeviceHeap::growable(&gpu, start, 2 << 30).unwrap();
+    h.set_growth_piece(&gpu, 8 << 20).unwrap();
+    assert_eq!(h.grow(start + step).unwrap(), start + step);
+    let n = 512u32 << 10;
+    let b = Bufs::new(&gpu, n);
+    alloc_and_check(&gpu, &h, &b, n);
+    // Keep the step's lowest and highest blocks: its first and last pieces.
+    let step_at = h.handle().data + start as u64;
+    let ptrs = b.ptrs(n);
+    let lo = *ptrs.iter().filter(|&&p| p >= step_at).min().unwrap();
+    let hi = *ptrs.iter().max().unwrap();
+    let piece = |p: u64| ((p - step_at) >> 23) as usize;
+    assert!(piece(hi) > piece(lo), "blocks in one piece only");
+    let kept: Vec<u64> = (ptrs.iter())
+        .map(|&p| if p == lo || p == hi { p } else { 0 })
+        .collect();
+    let freed: Vec<u64> = (ptrs.iter().zip(&kept))
+        .map(|(&p, &k)| if k == 0 { p } else { 0 })
+        .collect();
+    b.ptrs.write(0, &freed).unwrap();
+    free(&gpu, &h, &b, n);
+    let svc = h.serve().unwrap();
+    // SAFETY: every launch on this heap was waited for (the service
+    // runs no kernel).
+    let serving = unsafe { h.trim(start) }.unwrap();
+    // Free pieces past the last block's go (no hole); none before it.
+    let to_last = start + (piece(hi) + 1) * (8 << 20);
+    assert_eq!(serving, to_last, "a hole while the service ran");
+    svc.stop().unwrap();
+    // SAFETY: as above.
+    let stopped = unsafe { h.trim(start) }.unwrap();
+    assert_eq!(
+        stopped,
+        start + 2 * (8 << 20),
+        "the first and last pieces stay"
+    );
+    b.ptrs.write(0, &kept).unwrap();
+    check_kept(&gpu, &b, n);
+    free(&gpu, &h, &b, n);
+    // SAFETY: as above.
+    assert_eq!(unsafe { h.trim(start) }.unwrap(), start);
+    assert!(h.stats().unwrap().is_empty());
+}
