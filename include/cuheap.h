@@ -342,6 +342,33 @@ int cuheap_device_heap_grow(cuheap_device_heap_t* heap, size_t bytes, size_t* us
 /* Unmaps growth steps at the end that no block uses, keeping at least
  * keep bytes. No kernel that uses the heap may be running or queued. */
 int cuheap_device_heap_trim(cuheap_device_heap_t* heap, size_t keep, size_t* mapped);
+/* Later growth maps new memory in pieces of at most piece bytes (whole
+ * 2 MiB chunks; 0: one mapping per step, the default), each of which a
+ * trim gives back alone; *set (if not NULL) gets the piece. Small pieces
+ * make growth slower (a cuMemCreate and a cuMemMap each). It also loads
+ * the heap's upkeep kernels (cuheap's kernels, compiled for the device on
+ * the first such call of the process), after which cuheap_device_heap_trim,
+ * while no growth service runs, also gives back free pieces before the
+ * last one in use, leaving holes that cuheap_device_heap_grow maps
+ * again. A fixed heap: CUHEAP_ERROR_INVALID. */
+int cuheap_device_heap_set_growth_piece(cuheap_device_heap_t* heap, size_t piece, size_t* set);
+/* Gives back, in stream order, the steps (or pieces) of a growable heap
+ * that no block uses, keeping at least keep bytes, while kernels on other
+ * streams go on using the heap; the host does not wait. After the work
+ * queued on stream (the kernels that freed the blocks), a kernel fences
+ * each free step so no allocation can take it; once stream gets past it,
+ * the heap unmaps them at its next call that looks
+ * (cuheap_device_heap_finish_trims, _grow, _get_stats, _trim, the next
+ * _trim_on) or from its growth service. What it gives back stays a hole
+ * that growth while kernels run maps past and cuheap_device_heap_grow
+ * (no service running) maps again; blocks keep their addresses. Loads the
+ * upkeep kernels on first use (as above). A fixed heap keeps its memory
+ * (CUHEAP_OK); at most 8 trims wait to be finished (then
+ * CUHEAP_ERROR_INVALID). */
+int cuheap_device_heap_trim_on(cuheap_device_heap_t* heap, cuheap_stream_t stream, size_t keep);
+/* Unmaps what finished trims fenced (wait != 0: waits on the host for all
+ * of them first); *freed (if not NULL) gets the bytes given back. */
+int cuheap_device_heap_finish_trims(cuheap_device_heap_t* heap, int wait, size_t* freed);
 /* Starts a host thread that grows the heap while kernels run: a thread
  * that finds the heap short waits (at most 2 s) until more is mapped,
  * instead of getting NULL (NULL still comes at max or when the device is

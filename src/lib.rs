@@ -53,16 +53,36 @@ pub fn open_ptx(ptx: &str) -> Result<Gpu> {
     open_capped(ptx, kernel_register_cap)
 }
 
+/// [`BENCH_PTX`] loaded in `ctx` (any device's context, e.g. the primary
+/// context a CUDA runtime program uses) with the settings of
+/// [`open_bench_gpu`]: how a heap made on that context reaches its upkeep
+/// kernels ([`DeviceHeap::trim_on`], [`DeviceHeap::set_growth_piece`]).
+/// Loading compiles every kernel of the module for the device, once
+/// (the driver caches the result between runs).
+pub fn bench_gpu_on(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Result<Gpu> {
+    let (ptx, options) = capped(BENCH_PTX, kernel_register_cap)?;
+    Gpu::on_context(ctx, &ptx, options)
+}
+
 /// Opens GPU 0 with the kernels of `ptx`, each capped at `cap(entry)`
 /// registers per thread, written into its PTX (`None`: the module's cap,
 /// [`load_options`]); `CUHEAP_MAX_REGISTERS` sets one cap for every
 /// kernel instead, and no entry gets one of its own.
 pub(crate) fn open_capped(ptx: &str, cap: impl Fn(&str) -> Option<u32>) -> Result<Gpu> {
+    let (ptx, options) = capped(ptx, cap)?;
+    Gpu::open_with_options(&ptx, options)
+}
+
+/// `ptx` with the caps of [`open_capped`] written in, and the load options.
+fn capped(
+    ptx: &str,
+    cap: impl Fn(&str) -> Option<u32>,
+) -> Result<(std::borrow::Cow<'_, str>, cuheap_host::LoadOptions)> {
     let options = load_options()?;
     if std::env::var_os("CUHEAP_MAX_REGISTERS").is_some() {
-        return Gpu::open_with_options(ptx, options);
+        return Ok((ptx.into(), options));
     }
-    Gpu::open_with_options(&with_register_caps(ptx, cap)?, options)
+    Ok((with_register_caps(ptx, cap)?.into(), options))
 }
 
 /// Opens GPU 0 with one module JIT-linked from [`PTX`] and `ptx` (e.g.

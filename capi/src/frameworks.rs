@@ -25,7 +25,7 @@
 //! cost in cuheap, apart from the framework's own work around each call.
 
 use crate::pool::{CuheapPool, CuheapPoolConfig, CuheapPoolStats};
-use crate::{device_context, enter, entry, invalid, put, write_snapshot, Keep};
+use crate::{device_context, enter, entry, invalid, put, put_if, write_snapshot, Keep};
 use cuheap_host::cudarc::driver::sys;
 use cuheap_host::{Result, TraceLog};
 use std::ffi::{c_char, c_int, c_void};
@@ -397,10 +397,8 @@ pub unsafe extern "C" fn cuheap_device_pool_trim(
 ) -> c_int {
     entry("cuheap_device_pool_trim", || {
         let now = device_pool(device)?.pool().trim(keep)?;
-        if !mapped.is_null() {
-            // SAFETY: writable by the caller's contract.
-            unsafe { mapped.write(now) };
-        }
+        // SAFETY: NULL or writable (the caller's contract).
+        unsafe { put_if(mapped, now) };
         Ok(())
     })
 }

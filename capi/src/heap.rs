@@ -6,11 +6,12 @@
 //! built with nvcc cannot write a global defined in cuheap's PTX from the
 //! host).
 
-use crate::{current_context, entry, invalid, put};
+use crate::{current_context, entry, invalid, put, put_if};
 use cuheap_core::{Counts, HeapHandle, PAGE_SIZE};
+use cuheap_host::cudarc::driver::{sys, CudaContext};
 use cuheap_host::{DeviceHeap, Gpu, GrowthService, LoadOptions, Result};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A module with nothing in it: the heap needs a context, not kernels.
 const EMPTY_PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n";
@@ -38,6 +39,12 @@ pub struct CuheapDeviceHeap {
     heap: DeviceHeap,
     /// Bytes it may grow to (`initial` for a fixed heap).
     max: usize,
+    /// The context it was made on.
+    ctx: Arc<CudaContext>,
+    /// cuheap's kernels, for the heap's upkeep: loaded by the first call
+    /// that needs them (`cuheap_device_heap_set_growth_piece`,
+    /// `cuheap_device_heap_trim_on`).
+    upkeep: Mutex<Option<Gpu>>,
 }
 
 impl CuheapDeviceHeap {
@@ -54,6 +61,15 @@ impl CuheapDeviceHeap {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         svc.map_or(Ok(()), |s| s.stop())
+    }
+
+    /// cuheap's kernels on the heap's context, loaded on first use.
+    fn upkeep(&self) -> Result<MutexGuard<'_, Option<Gpu>>> {
+        let mut g = self.upkeep.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(cuheap::bench_gpu_on(&self.ctx)?);
+        }
+        Ok(g)
     }
 
     pub fn desc(&self) -> CuheapHeapDesc {
@@ -96,7 +112,8 @@ pub unsafe extern "C" fn cuheap_device_heap_create(
         if initial == 0 {
             return invalid("a heap of 0 bytes");
         }
-        let gpu = Gpu::on_context(&current_context()?, EMPTY_PTX, LoadOptions::default())?;
+        let ctx = current_context()?;
+        let gpu = Gpu::on_context(&ctx, EMPTY_PTX, LoadOptions::default())?;
         let heap = if max > initial {
             DeviceHeap::growable(&gpu, initial, max)?
         } else {
@@ -106,6 +123,8 @@ pub unsafe extern "C" fn cuheap_device_heap_create(
             service: Mutex::new(None),
             heap,
             max: max.max(initial),
+            ctx,
+            upkeep: Mutex::new(None),
         }));
         // SAFETY: checked above; writable by the caller's contract.
         unsafe { put(out, h, "out") }
@@ -255,10 +274,8 @@ pub unsafe extern "C" fn cuheap_device_heap_grow(
             return invalid(format!("{bytes} bytes: past the heap's maximum of {max}"));
         }
         let now = h.heap.grow(bytes)?;
-        if !usable.is_null() {
-            // SAFETY: writable by the caller's contract.
-            unsafe { usable.write(now) };
-        }
+        // SAFETY: NULL or writable (the caller's contract).
+        unsafe { put_if(usable, now) };
         Ok(())
     })
 }
@@ -282,10 +299,116 @@ pub unsafe extern "C" fn cuheap_device_heap_trim(
     entry("cuheap_device_heap_trim", || {
         // SAFETY: the caller's contract (no kernel uses the heap).
         let now = unsafe { heap_ref(heap)?.heap.trim(keep) }?;
-        if !mapped.is_null() {
-            // SAFETY: writable by the caller's contract.
-            unsafe { mapped.write(now) };
+        // SAFETY: NULL or writable (the caller's contract).
+        unsafe { put_if(mapped, now) };
+        Ok(())
+    })
+}
+
+/// Makes the heap's later growth steps map new memory in pieces of at
+/// most `piece` bytes (whole 2 MiB chunks; 0: one mapping per step, the
+/// default), each of which a trim gives back alone: `int
+/// cuheap_device_heap_set_growth_piece(cuheap_device_heap_t*, size_t
+/// piece, size_t* set)`. `*set` (if not NULL) gets the piece (0 for whole
+/// steps). Each piece costs its own `cuMemCreate` and `cuMemMap`, so
+/// small pieces make growth slower (see `DeviceHeap::set_growth_piece`).
+/// It also loads the heap's upkeep kernels (cuheap's kernels, compiled
+/// for the device on the first such call of the process), after which
+/// `cuheap_device_heap_trim`, while no growth service runs, also gives
+/// back free pieces before the last one in use, leaving holes that
+/// `cuheap_device_heap_grow` maps again. A fixed heap is
+/// `CUHEAP_ERROR_INVALID`.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `set` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_set_growth_piece(
+    heap: *const CuheapDeviceHeap,
+    piece: usize,
+    set: *mut usize,
+) -> c_int {
+    entry("cuheap_device_heap_set_growth_piece", || {
+        // SAFETY: the caller's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        if !h.heap.is_growable() {
+            return invalid("a fixed heap does not grow");
         }
+        let upkeep = h.upkeep()?;
+        let gpu = upkeep.as_ref().expect("loaded by upkeep()");
+        let now = h.heap.set_growth_piece(gpu, piece)?;
+        // SAFETY: NULL or writable (the caller's contract).
+        unsafe { put_if(set, now) };
+        Ok(())
+    })
+}
+
+/// Gives back, in stream order, the memory of a growable heap's steps
+/// (or pieces) that no block uses, keeping at least `keep` bytes mapped,
+/// while kernels on other streams go on using the heap: `int
+/// cuheap_device_heap_trim_on(cuheap_device_heap_t*, cuheap_stream_t
+/// stream, size_t keep)`. After the work queued on `stream` (the kernels
+/// that freed the blocks), a kernel of one block fences each free step so
+/// that no allocation can take its pages; the host does not wait. Once
+/// `stream` gets past it, the heap unmaps those steps at its next call
+/// that looks (`cuheap_device_heap_finish_trims`, `_grow`, `_get_stats`,
+/// `_trim`, the next `_trim_on`) or from its growth service's thread. A
+/// step given back stays a hole in the heap's range: growth while kernels
+/// run maps past it; `cuheap_device_heap_grow` (with no growth service
+/// running) maps it again. Blocks keep their addresses. The first call
+/// of the process loads cuheap's kernels (as
+/// `cuheap_device_heap_set_growth_piece`). A fixed heap keeps its memory
+/// (`CUHEAP_OK`); at most 8 trims wait to be finished at once (then
+/// `CUHEAP_ERROR_INVALID`: finish them first). `stream` is any stream of
+/// the heap's device (0 for the legacy default stream).
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `stream` is 0, a per-thread or legacy
+/// default stream handle, or a live stream of the heap's context.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_trim_on(
+    heap: *const CuheapDeviceHeap,
+    stream: sys::CUstream,
+    keep: usize,
+) -> c_int {
+    entry("cuheap_device_heap_trim_on", || {
+        // SAFETY: the caller's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        if !h.heap.is_growable() {
+            return Ok(());
+        }
+        let upkeep = h.upkeep()?;
+        let gpu = upkeep.as_ref().expect("loaded by upkeep()");
+        // SAFETY: a stream of the heap's context (the caller's contract),
+        // used for this call only: the trim keeps an event, not the
+        // stream, and the wrapper never destroys it.
+        let s = unsafe { h.ctx.wrap_borrowed_stream(stream) };
+        h.heap.trim_on(gpu, &s, keep)
+    })
+}
+
+/// Unmaps what the trims queued by `cuheap_device_heap_trim_on` fenced,
+/// for those whose streams got past them (with `wait` non-zero, for all,
+/// after waiting for them on the host): `int
+/// cuheap_device_heap_finish_trims(cuheap_device_heap_t*, int wait,
+/// size_t* freed)`. `*freed` (if not NULL) gets the bytes given back by
+/// this call. A fixed heap gives back nothing.
+///
+/// # Safety
+///
+/// `heap` is NULL or a live heap; `freed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuheap_device_heap_finish_trims(
+    heap: *const CuheapDeviceHeap,
+    wait: c_int,
+    freed: *mut usize,
+) -> c_int {
+    entry("cuheap_device_heap_finish_trims", || {
+        // SAFETY: the caller's contract.
+        let n = unsafe { heap_ref(heap) }?.heap.finish_trims(wait != 0)?;
+        // SAFETY: NULL or writable (the caller's contract).
+        unsafe { put_if(freed, n) };
         Ok(())
     })
 }

@@ -217,6 +217,18 @@ pub(crate) unsafe fn put<T>(out: *mut T, value: T, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Writes `value` to `out` unless `out` is NULL (an optional result).
+///
+/// # Safety
+///
+/// `out` is NULL or writable.
+pub(crate) unsafe fn put_if<T>(out: *mut T, value: T) {
+    if !out.is_null() {
+        // SAFETY: not null; the caller guarantees it is writable.
+        unsafe { out.write(value) };
+    }
+}
+
 /// Writes `pool`'s snapshot: as JSON into `buf` (`size` bytes, with a
 /// terminating NUL; `*needed`, if not NULL, gets the bytes it takes; a
 /// NULL `buf` only asks), and as an HTML page to the file at `html` (if

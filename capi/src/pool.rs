@@ -1,7 +1,7 @@
 //! `cuheap_pool_*`: the host pool on CUDA streams (`cudaStream_t` and
 //! `CUstream` are the same handle).
 
-use crate::{current_context, enter, entry, invalid, put, write_snapshot, Keep};
+use crate::{current_context, enter, entry, invalid, put, put_if, write_snapshot, Keep};
 use cuheap_host::cudarc::driver::{sys, CudaContext, CudaStream};
 use cuheap_host::{Context, CudaBackend, Exported, Imported, Pool, PoolConfig, PoolStats, Result};
 use std::cell::RefCell;
@@ -368,10 +368,8 @@ pub unsafe extern "C" fn cuheap_pool_trim(
     entry("cuheap_pool_trim", || {
         // SAFETY: the caller's contract.
         let now = unsafe { pool_ref(pool) }?.pool.trim(keep)?;
-        if !mapped.is_null() {
-            // SAFETY: writable by the caller's contract.
-            unsafe { mapped.write(now) };
-        }
+        // SAFETY: NULL or writable (the caller's contract).
+        unsafe { put_if(mapped, now) };
         Ok(())
     })
 }

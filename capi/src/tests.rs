@@ -131,6 +131,18 @@ fn null_handles_and_out_pointers_are_refused_with_a_message() {
             CUHEAP_ERROR_INVALID
         );
         assert_eq!(
+            cuheap_device_heap_set_growth_piece(null_mut(), 8 << 20, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_device_heap_trim_on(null_mut(), null_mut(), 0),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
+            cuheap_device_heap_finish_trims(null_mut(), 1, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(
             cuheap_device_heap_capacity(null_mut(), null_mut()),
             CUHEAP_ERROR_INVALID
         );
@@ -481,6 +493,36 @@ fn the_device_heap_through_the_c_api() {
         assert_eq!(cuheap_device_heap_stop_serving(h), CUHEAP_OK);
         assert_eq!(cuheap_device_heap_stop_serving(h), CUHEAP_OK);
         assert_eq!(cuheap_device_heap_serve(h, 75), CUHEAP_OK, "{}", last());
+        assert_eq!(cuheap_device_heap_stop_serving(h), CUHEAP_OK);
+        // Growth in pieces and trims on a stream load cuheap's kernels;
+        // pieces round up to whole 2 MiB chunks.
+        let mut piece = 0usize;
+        assert_eq!(
+            cuheap_device_heap_set_growth_piece(h, 5 << 20, &mut piece),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        assert_eq!(piece, 6 << 20);
+        assert_eq!(cuheap_device_heap_grow(h, 512 << 20, &mut cap), CUHEAP_OK);
+        assert_eq!(
+            cuheap_device_heap_trim_on(h, null_mut(), 64 << 20),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        let mut freed = 0usize;
+        assert_eq!(
+            cuheap_device_heap_finish_trims(h, 1, &mut freed),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        assert_eq!(cuheap_device_heap_capacity(h, &mut cap), CUHEAP_OK);
+        assert!(
+            freed > 0 && cap < 512 << 20,
+            "gave back {freed}, {cap} left"
+        );
         assert_eq!(cuheap_device_heap_destroy(h), CUHEAP_OK);
         let mut fixed = null_mut();
         assert_eq!(cuheap_device_heap_create(8 << 20, 0, &mut fixed), CUHEAP_OK);
@@ -489,6 +531,15 @@ fn the_device_heap_through_the_c_api() {
             CUHEAP_ERROR_INVALID
         );
         assert_eq!(cuheap_device_heap_serve(fixed, 0), CUHEAP_ERROR_INVALID);
+        assert_eq!(
+            cuheap_device_heap_set_growth_piece(fixed, 8 << 20, null_mut()),
+            CUHEAP_ERROR_INVALID
+        );
+        assert_eq!(cuheap_device_heap_trim_on(fixed, null_mut(), 0), CUHEAP_OK);
+        assert_eq!(
+            cuheap_device_heap_finish_trims(fixed, 0, null_mut()),
+            CUHEAP_OK
+        );
         assert_eq!(cuheap_device_heap_destroy(fixed), CUHEAP_OK);
     }
 }

@@ -34,15 +34,24 @@ __global__ void alloc_fill(unsigned n, unsigned** ptrs, unsigned* errors) {
     if (p == nullptr) { atomicAdd(&errors[0], 1u); return; }
     for (unsigned k = 0; k < size / 4; k++) p[k] = i;
 }
-// Checks and frees what alloc_fill left (NULLs skipped).
-__global__ void check_free(unsigned n, unsigned** ptrs, unsigned* errors) {
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n || ptrs[i] == nullptr) return;
+// Checks and frees thread i's block from alloc_fill (NULL skipped).
+__device__ void check_free_at(unsigned i, unsigned** ptrs, unsigned* errors) {
+    if (ptrs[i] == nullptr) return;
     unsigned size = 16u << (i % 9);
     for (unsigned k = 0; k < size / 4; k++)
         if (ptrs[i][k] != i) { atomicAdd(&errors[1], 1u); break; }
     cuheap_free(ptrs[i]);
     ptrs[i] = nullptr;
+}
+// Checks and frees what alloc_fill left.
+__global__ void check_free(unsigned n, unsigned** ptrs, unsigned* errors) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) check_free_at(i, ptrs, errors);
+}
+// The same for the blocks of threads `from` and up.
+__global__ void check_free_from(unsigned n, unsigned from, unsigned** ptrs, unsigned* errors) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= from && i < n) check_free_at(i, ptrs, errors);
 }
 // Two heaps by handle, one per data structure: 64 B blocks from a, 256 B
 // from b, tagged.
@@ -249,6 +258,57 @@ int main() {
     std::printf("device heap: 1M threads from %zu MiB, grown to %zu MiB while the kernel ran\n", mapped >> 20,
                 served >> 20);
     EXPECT(served > mapped, "the heap did not grow in the launch");
+
+    // Given back in stream order while the heap stays in use: growth in
+    // 8 MiB pieces, 1M blocks, all but the first sixteenth freed on a
+    // stream, then a trim queued on that stream behind the frees (the
+    // host does not wait for it). The pieces no block uses go back to the
+    // device; the kept blocks stay where they are.
+    size_t piece = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK(cuheap_device_heap_set_growth_piece(heap, 8ull << 20, &piece));  // loads cuheap's kernels
+    double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT(piece == 8ull << 20, "pieces of %zu bytes", piece);
+    CHECK(cuheap_device_heap_trim(heap, 64ull << 20, &mapped));
+    CHECK(cuheap_device_heap_grow(heap, served, &usable));
+    cudaStream_t s;
+    CHECK_CUDA(cudaStreamCreate(&s));
+    CHECK_CUDA(cudaMemsetAsync(errors, 0, 2 * sizeof(unsigned), s));
+    alloc_fill<<<n / 256, 256, 0, s>>>(n, ptrs, errors);
+    check_free_from<<<n / 256, 256, 0, s>>>(n, n / 16, ptrs, errors);
+    size_t free_before = 0, free_after = 0, total = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
+    CHECK(cuheap_device_heap_trim_on(heap, s, 0));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    size_t freed = 0, left = 0;
+    CHECK(cuheap_device_heap_finish_trims(heap, 0, &freed));
+    CHECK_CUDA(cudaMemGetInfo(&free_after, &total));
+    CHECK(cuheap_device_heap_capacity(heap, &left));
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    EXPECT(h_err[0] == 0 && h_err[1] == 0, "before the trim: %u NULLs, %u damaged blocks", h_err[0], h_err[1]);
+    EXPECT(freed > 0 && left + freed == usable, "the trim on a stream gave back %zu of %zu bytes, %zu left", freed,
+           usable, left);
+    EXPECT(free_after >= free_before + freed / 2, "the device got %zu of the %zu bytes back",
+           free_after > free_before ? free_after - free_before : 0, freed);
+    check_free<<<n / 256, 256, 0, s>>>(n, ptrs, errors);
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    EXPECT(h_err[1] == 0, "%u kept blocks damaged after the trim", h_err[1]);
+    // Growth maps the holes again: the whole launch fits once more.
+    size_t regrown = 0;
+    CHECK(cuheap_device_heap_grow(heap, usable, &regrown));
+    alloc_fill<<<n / 256, 256, 0, s>>>(n, ptrs, errors);
+    check_free<<<n / 256, 256, 0, s>>>(n, ptrs, errors);
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaMemcpy(h_err, errors, sizeof h_err, cudaMemcpyDeviceToHost));
+    EXPECT(h_err[0] == 0 && h_err[1] == 0, "after the holes were mapped again: %u NULLs, %u damaged blocks",
+           h_err[0], h_err[1]);
+    CHECK_CUDA(cudaStreamDestroy(s));
+    std::printf("device heap: grown in %zu MiB pieces to %zu MiB (the first set_growth_piece took %.1f ms); with "
+                "a sixteenth of 1M blocks kept, a trim on a stream gave back %zu MiB (the device's free memory rose "
+                "by %zu MiB); grown again to %zu MiB\n",
+                piece >> 20, usable >> 20, load_ms, freed >> 20,
+                (free_after > free_before ? free_after - free_before : 0) >> 20, regrown >> 20);
 
     // --- Two more heaps, used by handle (no install): one per data
     // structure, each with its own counts.

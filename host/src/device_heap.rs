@@ -418,6 +418,12 @@ impl DeviceHeap {
         self.write_placement(*bits)
     }
 
+    /// Whether the heap can grow ([`DeviceHeap::growable`] and
+    /// [`DeviceHeap::growable_in`]) or is fixed ([`DeviceHeap::new`]).
+    pub fn is_growable(&self) -> bool {
+        matches!(self.data, Data::Growable(_))
+    }
+
     /// Bytes of block memory usable now.
     pub fn capacity(&self) -> usize {
         match &self.data {
