@@ -12,7 +12,7 @@ use crate::{DevicePtr, Error, Gpu, LaunchConfig, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use serde::Serialize;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
@@ -49,6 +49,11 @@ pub struct Throughput {
     /// For pinned runs, the physical cores the threads were spread over
     /// (fewer than the threads: some share one).
     pub pinned_cores: usize,
+    /// Other physical cores kept busy meanwhile, each by a thread that
+    /// spins (pinned, outside the measure): a lone thread then runs at the
+    /// clock the host gives when those cores work too, as in the runs of
+    /// more threads.
+    pub busy_cores: usize,
 }
 
 /// One CPU of each physical core this process may run on, in order (the
@@ -769,27 +774,52 @@ impl Alloc for PrivateLists<Arc<CudaStream>> {
 /// `threads` host threads, each with its own stream, alloc/free pairs of
 /// 256 B..64 KiB with up to 64 live per thread ([`thread_pairs`]); with
 /// `pin`, thread `t` runs on the `t`-th physical core the process may use
-/// ([`own_cores`]; fewer cores than threads: they are shared in turn).
+/// ([`own_cores`]; fewer cores than threads: they are shared in turn),
+/// and up to `busy` more threads spin on the cores after those while
+/// the measured threads run ([`Throughput::busy_cores`]; as many as
+/// there are cores left).
 fn threaded(
     gpu: &Gpu,
     a: &dyn Alloc,
     threads: usize,
     pairs: usize,
     pin: bool,
+    busy: usize,
 ) -> Result<Throughput> {
     let streams = new_streams(gpu, threads)?;
     let barrier = Barrier::new(threads + 1);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
     let cores = if pin { own_cores() } else { Vec::new() };
+    let spinners = &cores[threads.min(cores.len())..(threads + busy).min(cores.len())];
+    let (spinning, stop) = (AtomicU64::new(0), AtomicBool::new(false));
     let pinned_threads = AtomicU64::new(0);
     // Per thread: CPU seconds, seconds in the loop, voluntary switches.
     let usage = Mutex::new((0.0f64, 0.0f64, 0u64));
-    let start = std::thread::scope(|sc| {
+    let ready = AtomicU64::new(0);
+    let (secs, sampler) = std::thread::scope(|sc| {
+        for &core in spinners {
+            let (spinning, stop, ready) = (&spinning, &stop, &ready);
+            sc.spawn(move || {
+                let pinned = pin_to(core);
+                spinning.fetch_add(pinned as u64, Ordering::Relaxed);
+                ready.fetch_add(1, Ordering::Release);
+                // A spinner the kernel did not pin stops at once: it could
+                // land on a measured thread's core.
+                while pinned && !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+        }
+        // The spinners are pinned and spinning before the measure starts.
+        while ready.load(Ordering::Acquire) < spinners.len() as u64 {
+            std::thread::yield_now();
+        }
+        let mut measured = Vec::with_capacity(threads);
         for (t, s) in streams.iter().enumerate() {
             let (barrier, done, failed, usage, ctx) =
                 (&barrier, &done, &failed, &usage, gpu.context());
             let (cores, pinned_threads) = (&cores, &pinned_threads);
-            sc.spawn(move || {
+            measured.push(sc.spawn(move || {
                 if pin && !cores.is_empty() && pin_to(cores[t % cores.len()]) {
                     pinned_threads.fetch_add(1, Ordering::Relaxed);
                 }
@@ -805,7 +835,7 @@ fn threaded(
                 u.2 += after.waits - before.waits;
                 done.fetch_add(completed, Ordering::Relaxed);
                 failed.fetch_add(failures, Ordering::Relaxed);
-            });
+            }));
         }
         // With CUHEAP_BENCH_PROFILE=DIR, the runs of 8 threads are sampled.
         let sampler = match std::env::var_os("CUHEAP_BENCH_PROFILE") {
@@ -824,10 +854,16 @@ fn threaded(
             _ => None,
         };
         barrier.wait();
-        (Instant::now(), sampler)
+        let start = Instant::now();
+        for m in measured {
+            // A measured thread that panicked fails the benchmark, as the
+            // scope would.
+            m.join().expect("a measured thread panicked");
+        }
+        let secs = start.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        (secs, sampler)
     });
-    let (start, sampler) = start;
-    let secs = start.elapsed().as_secs_f64();
     if let Some((s, dir)) = sampler {
         let name: String = a
             .name()
@@ -861,6 +897,7 @@ fn threaded(
         waits_per_thread: waits as f64 / threads as f64,
         pinned: pin.then_some(pinned_ok),
         pinned_cores: if pin { cores.len().min(pinned_ok) } else { 0 },
+        busy_cores: spinning.into_inner() as usize,
     })
 }
 
@@ -969,6 +1006,14 @@ pub(crate) fn async_reserved_high(gpu: &Gpu, reset: bool) -> Result<u64> {
 /// the pools 30-40 ms, short enough for a moment of the host's to move a
 /// row.
 const CUHEAP_PAIRS: usize = 2_000_000;
+
+/// The pinned rows of the threads case, `(threads, other cores kept
+/// busy)`: one thread alone, eight, and one thread while seven other
+/// cores spin, twice each in turn. A lone busy core may run at a higher
+/// clock than eight busy ones (on the H100 80 GB's host a lone thread ran
+/// at one of two rates from row to row): eight threads against the busy
+/// row compare them at the clock eight busy cores get.
+const ONE_AND_EIGHT_PINNED: [(usize, usize); 6] = [(1, 0), (8, 0), (1, 7), (1, 0), (8, 0), (1, 7)];
 
 /// Threads of the hand-off case.
 pub const HANDOFF_THREADS: usize = 8;
@@ -1223,7 +1268,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         for threads in [1, 4, 8, 8] {
             progress(&format!("{} {threads} threads", c.name()));
             r.throughput
-                .push(threaded(gpu, c, threads, CUHEAP_PAIRS, false)?);
+                .push(threaded(gpu, c, threads, CUHEAP_PAIRS, false, 0)?);
         }
         let fresh = FreshPool(Pool::new(
             gpu.context(),
@@ -1237,7 +1282,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         for threads in [1, 8, 8] {
             progress(&format!("{} {threads} threads", fresh.name()));
             r.throughput
-                .push(threaded(gpu, &fresh, threads, CUHEAP_PAIRS, false)?);
+                .push(threaded(gpu, &fresh, threads, CUHEAP_PAIRS, false, 0)?);
         }
     }
     for a in &allocs[..2] {
@@ -1257,28 +1302,41 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
             } else {
                 200_000
             };
-            r.throughput.push(threaded(gpu, *a, threads, pairs, false)?);
+            r.throughput
+                .push(threaded(gpu, *a, threads, pairs, false, 0)?);
         }
     }
     // The pool again with each thread on a core of its own: the host's
     // scheduler out of the comparison.
-    for threads in [1, 8, 8] {
+    for (threads, busy) in ONE_AND_EIGHT_PINNED {
         progress(&format!("{} {threads} threads, pinned", allocs[0].name()));
         r.throughput
-            .push(threaded(gpu, allocs[0], threads, CUHEAP_PAIRS, true)?);
+            .push(threaded(gpu, allocs[0], threads, CUHEAP_PAIRS, true, busy)?);
     }
     // How far the host's cores scale the case's loop with nothing shared
     // (ten times the pool's pairs: each call is a few nanoseconds).
     let ceiling = PrivateLists::default();
     for threads in [1, 4, 8, 8] {
         progress(&format!("{} {threads} threads", ceiling.name()));
-        r.throughput
-            .push(threaded(gpu, &ceiling, threads, 10 * CUHEAP_PAIRS, false)?);
+        r.throughput.push(threaded(
+            gpu,
+            &ceiling,
+            threads,
+            10 * CUHEAP_PAIRS,
+            false,
+            0,
+        )?);
     }
-    for threads in [1, 8, 8] {
+    for (threads, busy) in ONE_AND_EIGHT_PINNED {
         progress(&format!("{} {threads} threads, pinned", ceiling.name()));
-        r.throughput
-            .push(threaded(gpu, &ceiling, threads, 10 * CUHEAP_PAIRS, true)?);
+        r.throughput.push(threaded(
+            gpu,
+            &ceiling,
+            threads,
+            10 * CUHEAP_PAIRS,
+            true,
+            busy,
+        )?);
     }
     s.synchronize().map_err(|source| Error::Driver {
         what: "cuStreamSynchronize",
@@ -1343,9 +1401,10 @@ pub fn table(r: &HostReport) -> String {
                 x.allocator == t.allocator
                     && x.threads == 1
                     && x.pinned.is_some() == t.pinned.is_some()
+                    && x.busy_cores == 0
             })
             .map_or(f64::NAN, |x| x.pairs_per_s);
-        let allocator = match t.pinned {
+        let mut allocator = match t.pinned {
             None => t.allocator.to_string(),
             Some(k) if k == t.threads && t.pinned_cores == t.threads => {
                 format!("{}, pinned (a core each)", t.allocator)
@@ -1355,6 +1414,9 @@ pub fn table(r: &HostReport) -> String {
                 t.allocator, t.threads, t.pinned_cores
             ),
         };
+        if t.busy_cores > 0 {
+            allocator += &format!(", {} other cores busy", t.busy_cores);
+        }
         out += &format!(
             "| {} | {} | {:.2} | {:.2}x | {} | {:.2} | {:.0} |\n",
             t.threads,
@@ -1364,6 +1426,14 @@ pub fn table(r: &HostReport) -> String {
             t.failures,
             t.cpu_share,
             t.waits_per_thread
+        );
+    }
+    for (allocator, ratios) in busy_ratios(r) {
+        let shown: Vec<String> = ratios.iter().map(|q| format!("{q:.2}x")).collect();
+        out += &format!(
+            "\n{allocator}: eight pinned threads against one pinned thread with other cores busy \
+             (the median of those rows): {}\n",
+            shown.join(", ")
         );
     }
     if !r.memory.is_empty() {
@@ -1379,6 +1449,31 @@ pub fn table(r: &HostReport) -> String {
                 m.failures
             );
         }
+    }
+    out
+}
+
+/// Per allocator with pinned rows of one thread beside busy cores: each
+/// pinned row of eight threads (a core each) over the median of those
+/// rows, in the report's order.
+fn busy_ratios(r: &HostReport) -> Vec<(&'static str, Vec<f64>)> {
+    let mut out: Vec<(&'static str, Vec<f64>)> = Vec::new();
+    for t in &r.throughput {
+        if t.busy_cores == 0 || out.iter().any(|(a, _)| *a == t.allocator) {
+            continue;
+        }
+        let rows = |one: bool| {
+            (r.throughput.iter())
+                .filter(move |x| x.allocator == t.allocator && x.pinned.is_some())
+                .filter(move |x| (x.threads == 1 && x.busy_cores > 0) == one)
+                .filter(move |x| one || (x.threads == 8 && x.pinned == Some(8)))
+                .map(|x| x.pairs_per_s)
+        };
+        let mut busy: Vec<f64> = rows(true).collect();
+        busy.sort_by(f64::total_cmp);
+        let n = busy.len();
+        let one = (busy[(n - 1) / 2] + busy[n / 2]) / 2.0;
+        out.push((t.allocator, rows(false).map(|p| p / one).collect()));
     }
     out
 }
@@ -1458,6 +1553,54 @@ mod tests {
         assert_eq!(failures(&r), 0);
         r.memory[0].failures = 2;
         assert_eq!(failures(&r), 2);
+    }
+
+    /// Eight pinned threads are shown against the lone pinned thread and,
+    /// apart, against the median of the lone rows beside busy cores.
+    #[test]
+    fn busy_rows_are_labelled_and_eight_threads_are_compared_with_them() {
+        let row = |threads, pairs_per_s, busy_cores| Throughput {
+            allocator: "cuheap pool",
+            case: "256 B..64 KiB, own stream per thread".into(),
+            threads,
+            pairs_per_s,
+            failures: 0,
+            cpu_share: 1.0,
+            waits_per_thread: 0.0,
+            pinned: Some(threads),
+            pinned_cores: threads,
+            busy_cores,
+        };
+        let mut r = HostReport {
+            device: "test".into(),
+            ..HostReport::default()
+        };
+        r.throughput = vec![
+            row(1, 10e6, 0),
+            row(8, 60e6, 0),
+            row(1, 8e6, 7),
+            row(1, 9e6, 7),
+            row(8, 51e6, 0),
+        ];
+        assert_eq!(
+            busy_ratios(&r),
+            vec![("cuheap pool", vec![60.0 / 8.5, 6.0])]
+        );
+        let t = table(&r);
+        assert!(
+            t.contains("| 8 | cuheap pool, pinned (a core each) | 60.00 | 6.00x |"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| 1 | cuheap pool, pinned (a core each), 7 other cores busy | 8.00 | 0.80x |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("(the median of those rows): 7.06x, 6.00x"),
+            "{t}"
+        );
     }
 
     #[test]
