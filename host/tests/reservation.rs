@@ -268,3 +268,70 @@ fn a_step_in_pieces_gives_back_a_piece_at_a_time() {
     assert_eq!(heap.grow_at_once(160 * MIB).unwrap(), 160 * MIB);
     assert_eq!(heap.layout().mappings.last(), Some(&(92 * MIB, 68 * MIB)));
 }
+
+/// Whether `len` bytes at `at` still hold [`fill_and_check`]'s pattern
+/// of `seed`.
+fn holds(b: &HostBackend, at: u64, len: usize, seed: u8) -> bool {
+    let mut got = vec![0u8; len];
+    b.read(at, &mut got).is_ok()
+        && (got.iter().enumerate()).all(|(i, &v)| v == (i as u8).wrapping_mul(7) ^ seed)
+}
+
+/// A driver that refuses to unmap: the pool's trim fails and says why;
+/// the memory it could not give back stays mapped, counted and out of the
+/// bank, and serves the next allocation with no growth (its pages are not
+/// left fenced); once the driver allows it, the next trim gives it back.
+#[test]
+fn a_refused_unmap_fails_the_pools_trim_and_loses_nothing() {
+    let res = reservation();
+    let pool = pool_in(&res);
+    let stream = HostStream::new();
+    let a = pool.alloc(48 * MIB, &stream).unwrap();
+    fill_and_check(res.backend(), a, 48 * MIB, 2);
+    pool.free(a, &stream).unwrap();
+    let (mapped, grows) = (pool.stats().reserved, pool.stats().grows);
+    assert!(mapped > 32 * MIB, "{mapped} bytes mapped");
+    res.backend().refuse_unmaps(true);
+    let err = pool.trim(0).unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    let s = res.stats();
+    assert_eq!(
+        (pool.stats().reserved, s.pool_mapped, s.banked),
+        (mapped, mapped, 0)
+    );
+    let b = pool.alloc(48 * MIB, &stream).unwrap();
+    assert_eq!(pool.stats().grows, grows, "the trimmed pages serve again");
+    fill_and_check(res.backend(), b, 48 * MIB, 3);
+    pool.free(b, &stream).unwrap();
+    res.backend().refuse_unmaps(false);
+    assert_eq!(pool.trim(0).unwrap(), 32 * MIB);
+    assert_eq!(res.stats().banked, mapped - 32 * MIB);
+}
+
+/// The same for a heap's range: a refused shrink or punch leaves every
+/// mapping where it was, with its contents, counted and out of the bank.
+#[test]
+fn a_refused_unmap_leaves_a_regions_mappings_as_they_were() {
+    let res = reservation();
+    let heap = heap_in(&res, 1 << 30);
+    heap.grow_at_once(32 * MIB).unwrap();
+    heap.grow_at_once(64 * MIB).unwrap();
+    fill_and_check(res.backend(), heap.base(), 64 * MIB, 4);
+    let layout = heap.layout();
+    res.backend().refuse_unmaps(true);
+    // SAFETY: nothing uses host-backed test memory.
+    assert!(unsafe { heap.shrink_to(0) }.is_err());
+    // SAFETY: as above.
+    assert!(unsafe { heap.punch(0) }.is_err());
+    assert_eq!(heap.layout(), layout);
+    assert_eq!(
+        (heap.mapped(), res.stats().heap_mapped),
+        (64 * MIB, 64 * MIB)
+    );
+    assert_eq!(res.stats().banked, 0);
+    assert!(holds(res.backend(), heap.base(), 64 * MIB, 4));
+    res.backend().refuse_unmaps(false);
+    // SAFETY: as above.
+    unsafe { heap.shrink_to(0) }.unwrap();
+    assert_eq!((heap.mapped(), res.stats().banked), (0, 64 * MIB));
+}

@@ -23,7 +23,7 @@
 use super::Backend;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The byte new and unmapped memory is filled with.
@@ -66,6 +66,8 @@ pub struct HostBackend {
     refused: Mutex<Vec<(u64, bool, bool)>>,
     /// Called at the start of every unmap (see [`HostBackend::on_unmap`]).
     unmap_hook: Mutex<Option<UnmapHook>>,
+    /// Whether unmaps fail (see [`HostBackend::refuse_unmaps`]).
+    refuse_unmaps: AtomicBool,
 }
 
 /// A test's callback at the start of an unmap: address and length.
@@ -225,6 +227,7 @@ impl HostBackend {
             counts: Mutex::new(HostCounts::default()),
             refused: Mutex::new(Vec::new()),
             unmap_hook: Mutex::new(None),
+            refuse_unmaps: AtomicBool::new(false),
         }
     }
 
@@ -267,6 +270,12 @@ impl HostBackend {
     /// the unmap itself.
     pub fn on_unmap(&self, hook: impl Fn(u64, usize) + Send + Sync + 'static) {
         *lock(&self.unmap_hook) = Some(Arc::new(hook));
+    }
+
+    /// Makes every unmap fail, leaving its mapping in place, as a driver
+    /// that refuses them, until called again with `false`.
+    pub fn refuse_unmaps(&self, refuse: bool) {
+        self.refuse_unmaps.store(refuse, Ordering::Relaxed);
     }
 
     pub fn counts(&self) -> HostCounts {
@@ -524,6 +533,11 @@ impl Backend for HostBackend {
         let hook = lock(&self.unmap_hook).clone();
         if let Some(hook) = hook {
             hook(at, bytes);
+        }
+        if self.refuse_unmaps.load(Ordering::Relaxed) {
+            return Err(Error::InvalidArgument(format!(
+                "unmap of {bytes} bytes at {at:#x} refused (HostBackend::refuse_unmaps)"
+            )));
         }
         let m = lock(&self.state).mapped.remove(&at);
         match m {
