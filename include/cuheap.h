@@ -340,17 +340,20 @@ int cuheap_device_heap_capacity(const cuheap_device_heap_t* heap, size_t* out);
  * stays mapped and usable (see cuheap_device_heap_capacity). */
 int cuheap_device_heap_grow(cuheap_device_heap_t* heap, size_t bytes, size_t* usable);
 /* Unmaps growth steps at the end that no block uses, keeping at least
- * keep bytes. No kernel that uses the heap may be running or queued. */
+ * keep bytes; once the upkeep kernels are loaded (below) and while no
+ * growth service runs, also free steps or pieces before the last one in
+ * use, which stay holes that cuheap_device_heap_grow maps again. No
+ * kernel that uses the heap may be running or queued. */
 int cuheap_device_heap_trim(cuheap_device_heap_t* heap, size_t keep, size_t* mapped);
 /* Later growth maps new memory in pieces of at most piece bytes (whole
  * 2 MiB chunks; 0: one mapping per step, the default), each of which a
  * trim gives back alone; *set (if not NULL) gets the piece. Small pieces
  * make growth slower (a cuMemCreate and a cuMemMap each). It also loads
- * the heap's upkeep kernels (cuheap's kernels, compiled for the device on
- * the first such call of the process), after which cuheap_device_heap_trim,
- * while no growth service runs, also gives back free pieces before the
- * last one in use, leaving holes that cuheap_device_heap_grow maps
- * again. A fixed heap: CUHEAP_ERROR_INVALID. */
+ * the heaps' upkeep kernels: cuheap's device library, loaded once per
+ * device by the process's first call that needs it, in the device's
+ * primary context (no kernel in it calls CUDA's device malloc); make that
+ * call before launching kernels that wait for growth. A fixed heap:
+ * CUHEAP_ERROR_INVALID. */
 int cuheap_device_heap_set_growth_piece(cuheap_device_heap_t* heap, size_t piece, size_t* set);
 /* Gives back, in stream order, the steps (or pieces) of a growable heap
  * that no block uses, keeping at least keep bytes, while kernels on other
@@ -360,10 +363,13 @@ int cuheap_device_heap_set_growth_piece(cuheap_device_heap_t* heap, size_t piece
  * the heap unmaps them at its next call that looks
  * (cuheap_device_heap_finish_trims, _grow, _get_stats, _trim, the next
  * _trim_on) or from its growth service. What it gives back stays a hole
- * that growth while kernels run maps past and cuheap_device_heap_grow
- * (no service running) maps again; blocks keep their addresses. Loads the
- * upkeep kernels on first use (as above). A fixed heap keeps its memory
- * (CUHEAP_OK); at most 8 trims wait to be finished (then
+ * that growth while kernels run maps past (holes count against max) and
+ * cuheap_device_heap_grow (no service running) maps again; blocks keep
+ * their addresses. stream is a stream of the current device (0: the
+ * legacy default stream; cudaStreamPerThread: the calling thread's); it
+ * may be destroyed right after the call (the trim keeps an event). Loads
+ * the upkeep kernels on first use (as above). A fixed heap keeps its
+ * memory (CUHEAP_OK); at most 8 trims wait to be finished (then
  * CUHEAP_ERROR_INVALID). */
 int cuheap_device_heap_trim_on(cuheap_device_heap_t* heap, cuheap_stream_t stream, size_t keep);
 /* Unmaps what finished trims fenced (wait != 0: waits on the host for all
@@ -385,8 +391,9 @@ int cuheap_device_heap_serve(cuheap_device_heap_t* heap, unsigned fill_percent);
 /* Stops the heap's growth service, if one runs (waiting threads then get
  * NULL). Returns the first error the service's thread met, if any. */
 int cuheap_device_heap_stop_serving(cuheap_device_heap_t* heap);
-/* Frees the heap (stopping its growth service); no kernel may use it any
- * more. NULL does nothing. */
+/* Frees the heap (stopping its growth service, and waiting for the trims
+ * still queued on streams and the work before them); no kernel may use it
+ * any more. NULL does nothing. */
 int cuheap_device_heap_destroy(cuheap_device_heap_t* heap);
 
 /* --- One pool per device for the process: PyTorch and CuPy. --- */

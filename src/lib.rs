@@ -53,14 +53,15 @@ pub fn open_ptx(ptx: &str) -> Result<Gpu> {
     open_capped(ptx, kernel_register_cap)
 }
 
-/// [`BENCH_PTX`] loaded in `ctx` (any device's context, e.g. the primary
-/// context a CUDA runtime program uses) with the settings of
-/// [`open_bench_gpu`]: how a heap made on that context reaches its upkeep
-/// kernels ([`DeviceHeap::trim_on`], [`DeviceHeap::set_growth_piece`]).
-/// Loading compiles every kernel of the module for the device, once
-/// (the driver caches the result between runs).
-pub fn bench_gpu_on(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Result<Gpu> {
-    let (ptx, options) = capped(BENCH_PTX, kernel_register_cap)?;
+/// [`PTX`] (the device library, which also holds a growable heap's
+/// upkeep kernels: [`DeviceHeap::trim_on`], [`DeviceHeap::set_growth_piece`])
+/// loaded in `ctx` (any device's context, e.g. the primary context a
+/// CUDA runtime program uses) with the settings of [`open_gpu`]. It holds
+/// no kernel that calls CUDA's own device `malloc`, so loading it leaves
+/// the context's `malloc` heap as it was. The driver compiles the module
+/// for the device when it loads (and caches the result between runs).
+pub fn library_gpu_on(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Result<Gpu> {
+    let (ptx, options) = capped(PTX, kernel_register_cap)?;
     Gpu::on_context(ctx, &ptx, options)
 }
 

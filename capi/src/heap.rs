@@ -11,7 +11,7 @@ use cuheap_core::{Counts, HeapHandle, PAGE_SIZE};
 use cuheap_host::cudarc::driver::{sys, CudaContext};
 use cuheap_host::{DeviceHeap, Gpu, GrowthService, LoadOptions, Result};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// A module with nothing in it: the heap needs a context, not kernels.
 const EMPTY_PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n";
@@ -41,11 +41,13 @@ pub struct CuheapDeviceHeap {
     max: usize,
     /// The context it was made on.
     ctx: Arc<CudaContext>,
-    /// cuheap's kernels, for the heap's upkeep: loaded by the first call
-    /// that needs them (`cuheap_device_heap_set_growth_piece`,
-    /// `cuheap_device_heap_trim_on`).
-    upkeep: Mutex<Option<Gpu>>,
 }
+
+/// cuheap's device library per device (by ordinal), which holds the
+/// heaps' upkeep kernels: loaded by the process's first call that needs
+/// them on the device (`cuheap_device_heap_set_growth_piece`,
+/// `cuheap_device_heap_trim_on`), then shared by every heap there.
+pub(crate) static UPKEEP: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
 
 impl CuheapDeviceHeap {
     pub fn heap(&self) -> &DeviceHeap {
@@ -63,13 +65,16 @@ impl CuheapDeviceHeap {
         svc.map_or(Ok(()), |s| s.stop())
     }
 
-    /// cuheap's kernels on the heap's context, loaded on first use.
-    fn upkeep(&self) -> Result<MutexGuard<'_, Option<Gpu>>> {
-        let mut g = self.upkeep.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_none() {
-            *g = Some(cuheap::bench_gpu_on(&self.ctx)?);
+    /// The upkeep kernels on the heap's context ([`UPKEEP`]).
+    fn upkeep(&self) -> Result<Arc<Gpu>> {
+        let mut loaded = UPKEEP.lock().unwrap_or_else(|p| p.into_inner());
+        let device = self.ctx.ordinal();
+        if let Some((_, gpu)) = loaded.iter().find(|(d, _)| *d == device) {
+            return Ok(gpu.clone());
         }
-        Ok(g)
+        let gpu = Arc::new(cuheap::library_gpu_on(&self.ctx)?);
+        loaded.push((device, gpu.clone()));
+        Ok(gpu)
     }
 
     pub fn desc(&self) -> CuheapHeapDesc {
@@ -124,7 +129,6 @@ pub unsafe extern "C" fn cuheap_device_heap_create(
             heap,
             max: max.max(initial),
             ctx,
-            upkeep: Mutex::new(None),
         }));
         // SAFETY: checked above; writable by the caller's contract.
         unsafe { put(out, h, "out") }
@@ -312,8 +316,8 @@ pub unsafe extern "C" fn cuheap_device_heap_trim(
 /// piece, size_t* set)`. `*set` (if not NULL) gets the piece (0 for whole
 /// steps). Each piece costs its own `cuMemCreate` and `cuMemMap`, so
 /// small pieces make growth slower (see `DeviceHeap::set_growth_piece`).
-/// It also loads the heap's upkeep kernels (cuheap's kernels, compiled
-/// for the device on the first such call of the process), after which
+/// It also loads the heaps' upkeep kernels (cuheap's device library,
+/// once per device for the process: [`UPKEEP`]), after which
 /// `cuheap_device_heap_trim`, while no growth service runs, also gives
 /// back free pieces before the last one in use, leaving holes that
 /// `cuheap_device_heap_grow` maps again. A fixed heap is
@@ -334,9 +338,7 @@ pub unsafe extern "C" fn cuheap_device_heap_set_growth_piece(
         if !h.heap.is_growable() {
             return invalid("a fixed heap does not grow");
         }
-        let upkeep = h.upkeep()?;
-        let gpu = upkeep.as_ref().expect("loaded by upkeep()");
-        let now = h.heap.set_growth_piece(gpu, piece)?;
+        let now = h.heap.set_growth_piece(&*h.upkeep()?, piece)?;
         // SAFETY: NULL or writable (the caller's contract).
         unsafe { put_if(set, now) };
         Ok(())
@@ -355,9 +357,10 @@ pub unsafe extern "C" fn cuheap_device_heap_set_growth_piece(
 /// `_trim`, the next `_trim_on`) or from its growth service's thread. A
 /// step given back stays a hole in the heap's range: growth while kernels
 /// run maps past it; `cuheap_device_heap_grow` (with no growth service
-/// running) maps it again. Blocks keep their addresses. The first call
-/// of the process loads cuheap's kernels (as
-/// `cuheap_device_heap_set_growth_piece`). A fixed heap keeps its memory
+/// running) maps it again. Blocks keep their addresses. The process's
+/// first call on the device loads the upkeep kernels (as
+/// `cuheap_device_heap_set_growth_piece`). `stream` may be destroyed
+/// right after the call: the trim keeps an event, not the stream. A fixed heap keeps its memory
 /// (`CUHEAP_OK`); at most 8 trims wait to be finished at once (then
 /// `CUHEAP_ERROR_INVALID`: finish them first). `stream` is any stream of
 /// the heap's device (0 for the legacy default stream).
@@ -378,13 +381,12 @@ pub unsafe extern "C" fn cuheap_device_heap_trim_on(
         if !h.heap.is_growable() {
             return Ok(());
         }
-        let upkeep = h.upkeep()?;
-        let gpu = upkeep.as_ref().expect("loaded by upkeep()");
+        let gpu = h.upkeep()?;
         // SAFETY: a stream of the heap's context (the caller's contract),
         // used for this call only: the trim keeps an event, not the
         // stream, and the wrapper never destroys it.
         let s = unsafe { h.ctx.wrap_borrowed_stream(stream) };
-        h.heap.trim_on(gpu, &s, keep)
+        h.heap.trim_on(&gpu, &s, keep)
     })
 }
 

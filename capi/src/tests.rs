@@ -494,7 +494,7 @@ fn the_device_heap_through_the_c_api() {
         assert_eq!(cuheap_device_heap_stop_serving(h), CUHEAP_OK);
         assert_eq!(cuheap_device_heap_serve(h, 75), CUHEAP_OK, "{}", last());
         assert_eq!(cuheap_device_heap_stop_serving(h), CUHEAP_OK);
-        // Growth in pieces and trims on a stream load cuheap's kernels;
+        // Growth in pieces and trims on a stream load the upkeep kernels (the device library);
         // pieces round up to whole 2 MiB chunks.
         let mut piece = 0usize;
         assert_eq!(
@@ -523,6 +523,20 @@ fn the_device_heap_through_the_c_api() {
             freed > 0 && cap < 512 << 20,
             "gave back {freed}, {cap} left"
         );
+        // One device library serves every heap of the device.
+        let mut other = null_mut();
+        assert_eq!(
+            cuheap_device_heap_create(8 << 20, 64 << 20, &mut other),
+            CUHEAP_OK
+        );
+        assert_eq!(
+            cuheap_device_heap_trim_on(other, null_mut(), 0),
+            CUHEAP_OK,
+            "{}",
+            last()
+        );
+        assert_eq!(UPKEEP.lock().unwrap().len(), 1);
+        assert_eq!(cuheap_device_heap_destroy(other), CUHEAP_OK);
         assert_eq!(cuheap_device_heap_destroy(h), CUHEAP_OK);
         let mut fixed = null_mut();
         assert_eq!(cuheap_device_heap_create(8 << 20, 0, &mut fixed), CUHEAP_OK);

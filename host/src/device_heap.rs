@@ -645,7 +645,8 @@ impl DeviceHeap {
     /// device` measures both sides. Returns the piece (0 for whole steps).
     ///
     /// It also loads the heap's upkeep kernels from `gpu`'s module (as
-    /// [`DeviceHeap::trim_on`] does: `cuheap::BENCH_PTX` holds them),
+    /// [`DeviceHeap::trim_on`] does: `cuheap::PTX` and `cuheap::BENCH_PTX`
+    /// hold them),
     /// and from then on [`DeviceHeap::trim`] also gives back free
     /// mappings before the last one in use while no growth service runs,
     /// leaving holes that [`DeviceHeap::grow`] maps again. A fixed heap
@@ -691,9 +692,10 @@ impl DeviceHeap {
     /// or whose pages a kernel takes first, stays mapped. Blocks keep their
     /// addresses. A fixed heap keeps its memory.
     ///
-    /// `gpu`'s module must hold the upkeep kernels (`heap_fence_free`,
-    /// `heap_unfence`), as `cuheap::BENCH_PTX` does (the module of
-    /// `cuheap::open_bench_gpu`), on the heap's device (once loaded, they
+    /// `gpu`'s module must hold the upkeep kernels (`cuheap_fence_free`,
+    /// `cuheap_unfence`), as `cuheap::PTX` and `cuheap::BENCH_PTX` do (the
+    /// modules of `cuheap::open_gpu` and `cuheap::open_bench_gpu`), on the
+    /// heap's device (once loaded, they
     /// also let [`DeviceHeap::trim`], while no growth service runs, give
     /// back free steps or pieces before the last one in use); else
     /// [`Error::InvalidArgument`]. At most 8 trims wait to be finished at

@@ -170,8 +170,8 @@ pub(crate) struct Grower {
 type FenceArgs = (HeapArg, DevicePtr<u64>, DevicePtr<u32>, u32);
 type UnfenceArgs = (HeapArg, u32, u32);
 
-/// The kernels of a trim while kernels run (`heap_fence_free`,
-/// `heap_unfence`; `kernels/src/upkeep.rs`).
+/// The kernels of a trim while kernels run (`cuheap_fence_free`,
+/// `cuheap_unfence`; `kernels/src/upkeep.rs`).
 #[derive(Clone)]
 struct Upkeep {
     fence: Kernel<FenceArgs>,
@@ -474,14 +474,14 @@ impl Grower {
         }
         let missing = |e: Error| {
             Error::InvalidArgument(format!(
-                "the GPU's module lacks the heap's upkeep kernels (heap_fence_free, \
-                 heap_unfence; they are in cuheap::BENCH_PTX, which \
-                 cuheap::open_bench_gpu loads): {e}"
+                "the GPU's module lacks the heap's upkeep kernels (cuheap_fence_free, \
+                 cuheap_unfence; they are in cuheap::PTX and cuheap::BENCH_PTX, which \
+                 cuheap::open_gpu and cuheap::open_bench_gpu load): {e}"
             ))
         };
         let loaded = Upkeep {
-            fence: gpu.kernel("heap_fence_free").map_err(missing)?,
-            unfence: gpu.kernel("heap_unfence").map_err(missing)?,
+            fence: gpu.kernel("cuheap_fence_free").map_err(missing)?,
+            unfence: gpu.kernel("cuheap_unfence").map_err(missing)?,
         };
         *k = Some(loaded.clone());
         Ok(loaded)

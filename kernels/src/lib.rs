@@ -29,7 +29,7 @@
 //! - [`entry`]: the `.entry` points of `bench`, `checks`, `vecs` and `spgemm`.
 #![no_std]
 #![feature(stdarch_nvptx, link_llvm_intrinsics, asm_experimental_arch)]
-#![cfg_attr(feature = "bench", feature(abi_ptx))]
+#![cfg_attr(any(feature = "bench", feature = "c-abi"), feature(abi_ptx))]
 #![allow(internal_features)]
 #![deny(
     unsafe_op_in_unsafe_fn,
@@ -54,7 +54,7 @@ pub mod entry;
 pub mod module_heap;
 #[cfg(feature = "bench")]
 pub mod spgemm;
-#[cfg(feature = "bench")]
+#[cfg(any(feature = "bench", feature = "c-abi"))]
 pub mod upkeep;
 #[cfg(feature = "bench")]
 pub mod vecs;

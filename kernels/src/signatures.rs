@@ -409,7 +409,7 @@ signatures! {
     ///
     /// `heap` stays live until the kernel ends; `ranges` and `fenced` hold
     /// `n` values; the launch is one block.
-    fn upkeep::heap_fence_free(heap: HeapHandle, ranges: *const u64, fenced: *mut u32, n: u32);
+    fn upkeep::cuheap_fence_free(heap: HeapHandle, ranges: *const u64, fenced: *mut u32, n: u32);
 
     /// Gives pages `from..to` of `heap` back to service (thread 0).
     ///
@@ -417,7 +417,7 @@ signatures! {
     ///
     /// `heap` stays live until the kernel ends; the caller fenced every
     /// page of `from..to` and has mapped memory behind them again.
-    fn upkeep::heap_unfence(heap: HeapHandle, from: u32, to: u32);
+    fn upkeep::cuheap_unfence(heap: HeapHandle, from: u32, to: u32);
 
     /// Per thread: allocates `sz` bytes (a multiple of 4) and tags them,
     /// counts itself in `state[0]`, waits until `state[1]` is nonzero (at
