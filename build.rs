@@ -2,7 +2,8 @@
 //! toolchain's `nvptx64-nvidia-cuda` target, twice, and embeds both:
 //!
 //! - `$OUT_DIR/cuheap.ptx` (`cuheap::PTX`): the kernels crate with its
-//!   `c-abi` feature, the heap and its C ABI, what a program links;
+//!   `c-abi` feature, the heap, its C ABI and a growable heap's two
+//!   upkeep kernels, what a program links;
 //! - `$OUT_DIR/cuheap_bench.ptx` (`cuheap::BENCH_PTX`): with its `bench`
 //!   feature, the benchmark and test kernels. Some use Rust's `alloc`
 //!   crate on the device heap, so this build compiles `alloc` for nvptx64

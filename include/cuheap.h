@@ -340,20 +340,21 @@ int cuheap_device_heap_capacity(const cuheap_device_heap_t* heap, size_t* out);
  * stays mapped and usable (see cuheap_device_heap_capacity). */
 int cuheap_device_heap_grow(cuheap_device_heap_t* heap, size_t bytes, size_t* usable);
 /* Unmaps growth steps at the end that no block uses, keeping at least
- * keep bytes; once the upkeep kernels are loaded (below) and while no
- * growth service runs, also free steps or pieces before the last one in
- * use, which stay holes that cuheap_device_heap_grow maps again. No
- * kernel that uses the heap may be running or queued. */
+ * keep bytes; once this heap has called set_growth_piece or trim_on
+ * (below) and while no growth service runs, also free steps or pieces
+ * before the last one in use, which stay holes that
+ * cuheap_device_heap_grow maps again. No kernel that uses the heap may be
+ * running or queued. */
 int cuheap_device_heap_trim(cuheap_device_heap_t* heap, size_t keep, size_t* mapped);
 /* Later growth maps new memory in pieces of at most piece bytes (whole
  * 2 MiB chunks; 0: one mapping per step, the default), each of which a
  * trim gives back alone; *set (if not NULL) gets the piece. Small pieces
  * make growth slower (a cuMemCreate and a cuMemMap each). It also loads
- * the heaps' upkeep kernels: cuheap's device library, loaded once per
- * device by the process's first call that needs it, in the device's
- * primary context (no kernel in it calls CUDA's device malloc); make that
- * call before launching kernels that wait for growth. A fixed heap:
- * CUHEAP_ERROR_INVALID. */
+ * the heaps' upkeep kernels: cuheap's device library, in the device's
+ * primary context (no kernel in it calls CUDA's device malloc), loaded by
+ * the first call that needs it and shared by the device's heaps until the
+ * last of them goes; make that call before launching kernels that wait
+ * for growth. A fixed heap: CUHEAP_ERROR_INVALID. */
 int cuheap_device_heap_set_growth_piece(cuheap_device_heap_t* heap, size_t piece, size_t* set);
 /* Gives back, in stream order, the steps (or pieces) of a growable heap
  * that no block uses, keeping at least keep bytes, while kernels on other
@@ -365,7 +366,7 @@ int cuheap_device_heap_set_growth_piece(cuheap_device_heap_t* heap, size_t piece
  * _trim_on) or from its growth service. What it gives back stays a hole
  * that growth while kernels run maps past (holes count against max) and
  * cuheap_device_heap_grow (no service running) maps again; blocks keep
- * their addresses. stream is a stream of the current device (0: the
+ * their addresses. stream is a stream of the heap's device (0: its
  * legacy default stream; cudaStreamPerThread: the calling thread's); it
  * may be destroyed right after the call (the trim keeps an event). Loads
  * the upkeep kernels on first use (as above). A fixed heap keeps its

@@ -139,7 +139,7 @@ pub fn kernel_register_cap(entry: &str) -> Option<u32> {
 }
 
 /// Names of the benchmark and test kernels (`.entry`) in [`BENCH_PTX`]
-/// ([`PTX`] has none: it holds device functions).
+/// ([`PTX`] holds device functions and the two upkeep kernels only).
 pub fn kernel_names() -> Vec<&'static str> {
     entries(BENCH_PTX).map(|(name, _)| name).collect()
 }
@@ -275,9 +275,19 @@ mod tests {
         );
     }
 
+    /// The device library's only kernels are the upkeep kernels, with the
+    /// parameters of their rows in `signatures.rs`.
     #[test]
-    fn ptx_is_the_heap_and_its_c_abi_only() {
-        assert!(entries(PTX).next().is_none(), "PTX has kernels");
+    fn ptx_is_the_heap_its_c_abi_and_the_upkeep_kernels_only() {
+        let mut kernels: Vec<(&str, Vec<usize>)> = entries(PTX).collect();
+        kernels.sort();
+        let upkeep = ["cuheap_fence_free", "cuheap_unfence"];
+        let rows: Vec<(&str, Vec<usize>)> = (kernels::Bench::SIGNATURES.iter())
+            .filter(|(name, _)| upkeep.contains(name))
+            .map(|(name, sizes)| (*name, sizes.to_vec()))
+            .collect();
+        assert_eq!(rows.len(), upkeep.len());
+        assert_eq!(kernels, rows, "PTX's kernels");
         let mut names = exported_functions();
         names.sort();
         assert_eq!(

@@ -11,7 +11,7 @@ use cuheap_core::{Counts, HeapHandle, PAGE_SIZE};
 use cuheap_host::cudarc::driver::{sys, CudaContext};
 use cuheap_host::{DeviceHeap, Gpu, GrowthService, LoadOptions, Result};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// A module with nothing in it: the heap needs a context, not kernels.
 const EMPTY_PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n";
@@ -41,13 +41,16 @@ pub struct CuheapDeviceHeap {
     max: usize,
     /// The context it was made on.
     ctx: Arc<CudaContext>,
+    /// The upkeep kernels, once a call needed them ([`UPKEEP`]).
+    upkeep: OnceLock<Arc<Gpu>>,
 }
 
 /// cuheap's device library per device (by ordinal), which holds the
-/// heaps' upkeep kernels: loaded by the process's first call that needs
-/// them on the device (`cuheap_device_heap_set_growth_piece`,
-/// `cuheap_device_heap_trim_on`), then shared by every heap there.
-pub(crate) static UPKEEP: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
+/// heaps' upkeep kernels: loaded by the first call that needs them on the
+/// device (`cuheap_device_heap_set_growth_piece`,
+/// `cuheap_device_heap_trim_on`), shared by every heap there that needs
+/// them, and unloaded with the last of those heaps.
+pub(crate) static UPKEEP: Mutex<Vec<(usize, Weak<Gpu>)>> = Mutex::new(Vec::new());
 
 impl CuheapDeviceHeap {
     pub fn heap(&self) -> &DeviceHeap {
@@ -66,15 +69,25 @@ impl CuheapDeviceHeap {
     }
 
     /// The upkeep kernels on the heap's context ([`UPKEEP`]).
-    fn upkeep(&self) -> Result<Arc<Gpu>> {
-        let mut loaded = UPKEEP.lock().unwrap_or_else(|p| p.into_inner());
-        let device = self.ctx.ordinal();
-        if let Some((_, gpu)) = loaded.iter().find(|(d, _)| *d == device) {
-            return Ok(gpu.clone());
+    fn upkeep(&self) -> Result<&Gpu> {
+        if let Some(gpu) = self.upkeep.get() {
+            return Ok(gpu);
         }
-        let gpu = Arc::new(cuheap::library_gpu_on(&self.ctx)?);
-        loaded.push((device, gpu.clone()));
-        Ok(gpu)
+        let mut loaded = UPKEEP.lock().unwrap_or_else(|p| p.into_inner());
+        loaded.retain(|(_, gpu)| gpu.strong_count() > 0);
+        let device = self.ctx.ordinal();
+        let gpu = match loaded
+            .iter()
+            .find_map(|(d, g)| (*d == device).then(|| g.upgrade()))
+        {
+            Some(Some(gpu)) => gpu,
+            _ => {
+                let gpu = Arc::new(cuheap::library_gpu_on(&self.ctx)?);
+                loaded.push((device, Arc::downgrade(&gpu)));
+                gpu
+            }
+        };
+        Ok(self.upkeep.get_or_init(|| gpu))
     }
 
     pub fn desc(&self) -> CuheapHeapDesc {
@@ -129,6 +142,7 @@ pub unsafe extern "C" fn cuheap_device_heap_create(
             heap,
             max: max.max(initial),
             ctx,
+            upkeep: OnceLock::new(),
         }));
         // SAFETY: checked above; writable by the caller's contract.
         unsafe { put(out, h, "out") }
@@ -317,7 +331,7 @@ pub unsafe extern "C" fn cuheap_device_heap_trim(
 /// steps). Each piece costs its own `cuMemCreate` and `cuMemMap`, so
 /// small pieces make growth slower (see `DeviceHeap::set_growth_piece`).
 /// It also loads the heaps' upkeep kernels (cuheap's device library,
-/// once per device for the process: [`UPKEEP`]), after which
+/// shared by the device's heaps: [`UPKEEP`]), after which
 /// `cuheap_device_heap_trim`, while no growth service runs, also gives
 /// back free pieces before the last one in use, leaving holes that
 /// `cuheap_device_heap_grow` maps again. A fixed heap is
@@ -338,7 +352,7 @@ pub unsafe extern "C" fn cuheap_device_heap_set_growth_piece(
         if !h.heap.is_growable() {
             return invalid("a fixed heap does not grow");
         }
-        let now = h.heap.set_growth_piece(&*h.upkeep()?, piece)?;
+        let now = h.heap.set_growth_piece(h.upkeep()?, piece)?;
         // SAFETY: NULL or writable (the caller's contract).
         unsafe { put_if(set, now) };
         Ok(())
@@ -357,8 +371,8 @@ pub unsafe extern "C" fn cuheap_device_heap_set_growth_piece(
 /// `_trim`, the next `_trim_on`) or from its growth service's thread. A
 /// step given back stays a hole in the heap's range: growth while kernels
 /// run maps past it; `cuheap_device_heap_grow` (with no growth service
-/// running) maps it again. Blocks keep their addresses. The process's
-/// first call on the device loads the upkeep kernels (as
+/// running) maps it again. Blocks keep their addresses. It loads the
+/// upkeep kernels if no heap of the device has them (as
 /// `cuheap_device_heap_set_growth_piece`). `stream` may be destroyed
 /// right after the call: the trim keeps an event, not the stream. A fixed heap keeps its memory
 /// (`CUHEAP_OK`); at most 8 trims wait to be finished at once (then
@@ -386,7 +400,7 @@ pub unsafe extern "C" fn cuheap_device_heap_trim_on(
         // used for this call only: the trim keeps an event, not the
         // stream, and the wrapper never destroys it.
         let s = unsafe { h.ctx.wrap_borrowed_stream(stream) };
-        h.heap.trim_on(&gpu, &s, keep)
+        h.heap.trim_on(gpu, &s, keep)
     })
 }
 

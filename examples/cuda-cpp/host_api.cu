@@ -266,7 +266,7 @@ int main() {
     // device; the kept blocks stay where they are.
     size_t piece = 0;
     auto t0 = std::chrono::steady_clock::now();
-    CHECK(cuheap_device_heap_set_growth_piece(heap, 8ull << 20, &piece));  // loads cuheap's kernels
+    CHECK(cuheap_device_heap_set_growth_piece(heap, 8ull << 20, &piece));  // loads the upkeep kernels
     double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT(piece == 8ull << 20, "pieces of %zu bytes", piece);
     CHECK(cuheap_device_heap_trim(heap, 64ull << 20, &mapped));

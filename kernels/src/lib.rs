@@ -4,7 +4,8 @@
 //! The root crate's `build.rs` builds this crate twice:
 //!
 //! - with `c-abi` into `cuheap::PTX`, what a program links: the heap
-//!   ([`device_heap`], inlined into its callers) and [`c_abi`];
+//!   ([`device_heap`], inlined into its callers), [`c_abi`] and the two
+//!   [`upkeep`] kernels;
 //! - with `bench` into `cuheap::BENCH_PTX`: the benchmark and test kernels,
 //!   whose entry points ([`entry`]) are generated from `signatures.rs`, the
 //!   table the host's typed launches are generated from too. `bench`

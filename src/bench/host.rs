@@ -796,7 +796,16 @@ fn threaded(
     // Per thread: CPU seconds, seconds in the loop, voluntary switches.
     let usage = Mutex::new((0.0f64, 0.0f64, 0u64));
     let ready = AtomicU64::new(0);
+    /// Stops the spinners when dropped, also when the measure panics: the
+    /// scope waits for every thread it spawned.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let (secs, sampler) = std::thread::scope(|sc| {
+        let stop_spinners = Stop(&stop);
         for &core in spinners {
             let (spinning, stop, ready) = (&spinning, &stop, &ready);
             sc.spawn(move || {
@@ -857,11 +866,11 @@ fn threaded(
         let start = Instant::now();
         for m in measured {
             // A measured thread that panicked fails the benchmark, as the
-            // scope would.
+            // scope would (the spinners stop first).
             m.join().expect("a measured thread panicked");
         }
         let secs = start.elapsed().as_secs_f64();
-        stop.store(true, Ordering::Relaxed);
+        drop(stop_spinners);
         (secs, sampler)
     });
     if let Some((s, dir)) = sampler {
@@ -1466,10 +1475,15 @@ fn busy_ratios(r: &HostReport) -> Vec<(&'static str, Vec<f64>)> {
             (r.throughput.iter())
                 .filter(move |x| x.allocator == t.allocator && x.pinned.is_some())
                 .filter(move |x| (x.threads == 1 && x.busy_cores > 0) == one)
-                .filter(move |x| one || (x.threads == 8 && x.pinned == Some(8)))
+                .filter(move |x| {
+                    one || (x.threads == 8 && x.pinned == Some(8) && x.pinned_cores == 8)
+                })
                 .map(|x| x.pairs_per_s)
         };
         let mut busy: Vec<f64> = rows(true).collect();
+        if busy.is_empty() {
+            continue; // busy rows of more than one thread only
+        }
         busy.sort_by(f64::total_cmp);
         let n = busy.len();
         let one = (busy[(n - 1) / 2] + busy[n / 2]) / 2.0;

@@ -534,12 +534,15 @@ impl Backend for HostBackend {
         if let Some(hook) = hook {
             hook(at, bytes);
         }
-        if self.refuse_unmaps.load(Ordering::Relaxed) {
+        let mut state = lock(&self.state);
+        let whole = state.mapped.get(&at).is_some_and(|m| m.bytes == bytes);
+        if whole && self.refuse_unmaps.load(Ordering::Relaxed) {
             return Err(Error::InvalidArgument(format!(
                 "unmap of {bytes} bytes at {at:#x} refused (HostBackend::refuse_unmaps)"
             )));
         }
-        let m = lock(&self.state).mapped.remove(&at);
+        let m = state.mapped.remove(&at);
+        drop(state);
         match m {
             Some(m) if m.bytes == bytes => {
                 if !m.imported {
