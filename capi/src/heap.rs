@@ -373,11 +373,11 @@ pub unsafe extern "C" fn cuheap_device_heap_set_growth_piece(
 /// run maps past it; `cuheap_device_heap_grow` (with no growth service
 /// running) maps it again. Blocks keep their addresses. It loads the
 /// upkeep kernels if no heap of the device has them (as
-/// `cuheap_device_heap_set_growth_piece`). `stream` may be destroyed
-/// right after the call: the trim keeps an event, not the stream. A fixed heap keeps its memory
-/// (`CUHEAP_OK`); at most 8 trims wait to be finished at once (then
-/// `CUHEAP_ERROR_INVALID`: finish them first). `stream` is any stream of
-/// the heap's device (0 for the legacy default stream).
+/// `cuheap_device_heap_set_growth_piece`). `stream` is any stream of the
+/// heap's device (0 for its legacy default stream) and may be destroyed
+/// right after the call: the trim keeps an event, not the stream. A fixed
+/// heap keeps its memory (`CUHEAP_OK`); at most 8 trims wait to be
+/// finished at once (then `CUHEAP_ERROR_INVALID`: finish them first).
 ///
 /// # Safety
 ///

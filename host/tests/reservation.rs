@@ -40,13 +40,24 @@ fn bank_96_mib(res: &Arc<Reservation<HostBackend>>) {
     assert_eq!(res.stats().banked, 96 * MIB);
 }
 
-/// Writes a pattern of `seed` over `len` bytes at `at`, reads it back.
+/// `len` bytes of the pattern of `seed`.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
+}
+
+/// Writes the pattern of `seed` over `len` bytes at `at`, reads it back.
 fn fill_and_check(b: &HostBackend, at: u64, len: usize, seed: u8) {
-    let bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect();
-    b.write(at, &bytes).unwrap();
+    b.write(at, &pattern(len, seed)).unwrap();
+    assert!(
+        holds(b, at, len, seed),
+        "memory at {at:#x} lost what was written"
+    );
+}
+
+/// Whether `len` bytes at `at` hold the pattern of `seed`.
+fn holds(b: &HostBackend, at: u64, len: usize, seed: u8) -> bool {
     let mut got = vec![0u8; len];
-    b.read(at, &mut got).unwrap();
-    assert!(got == bytes, "memory at {at:#x} lost what was written");
+    b.read(at, &mut got).is_ok() && got == pattern(len, seed)
 }
 
 #[test]
@@ -267,14 +278,6 @@ fn a_step_in_pieces_gives_back_a_piece_at_a_time() {
     // Whole steps again past that: one mapping.
     assert_eq!(heap.grow_at_once(160 * MIB).unwrap(), 160 * MIB);
     assert_eq!(heap.layout().mappings.last(), Some(&(92 * MIB, 68 * MIB)));
-}
-
-/// Whether `len` bytes at `at` still hold [`fill_and_check`]'s pattern
-/// of `seed`.
-fn holds(b: &HostBackend, at: u64, len: usize, seed: u8) -> bool {
-    let mut got = vec![0u8; len];
-    b.read(at, &mut got).is_ok()
-        && (got.iter().enumerate()).all(|(i, &v)| v == (i as u8).wrapping_mul(7) ^ seed)
 }
 
 /// A driver that refuses to unmap: the pool's trim fails and says why;

@@ -50,9 +50,8 @@ pub struct Throughput {
     /// (fewer than the threads: some share one).
     pub pinned_cores: usize,
     /// Other physical cores kept busy meanwhile, each by a thread that
-    /// spins (pinned, outside the measure): a lone thread then runs at the
-    /// clock the host gives when those cores work too, as in the runs of
-    /// more threads.
+    /// spins (pinned, outside the measure), so that a lone thread runs
+    /// beside as many active cores as in the runs of more threads.
     pub busy_cores: usize,
 }
 
@@ -1484,9 +1483,7 @@ fn busy_ratios(r: &HostReport) -> Vec<(&'static str, Vec<f64>)> {
         if busy.is_empty() {
             continue; // busy rows of more than one thread only
         }
-        busy.sort_by(f64::total_cmp);
-        let n = busy.len();
-        let one = (busy[(n - 1) / 2] + busy[n / 2]) / 2.0;
+        let one = super::median(&mut busy);
         out.push((t.allocator, rows(false).map(|p| p / one).collect()));
     }
     out
