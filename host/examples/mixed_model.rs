@@ -26,30 +26,52 @@ fn main() {
         .collect();
     let rounds = std::env::var("ROUNDS").map_or(3, |v| v.parse().expect("a round count"));
     for round in 0..rounds {
-        let mut times: Vec<f64> = Vec::with_capacity(sizes.len());
-        let live: Vec<u64> = sizes
-            .iter()
-            .map(|&sz| {
-                let t = Instant::now();
-                let p = pool.alloc(sz, &s).expect("alloc");
-                times.push(t.elapsed().as_secs_f64() * 1e6);
-                p
-            })
-            .collect();
-        let ta = times.iter().sum::<f64>() / times.len() as f64;
-        times.sort_by(f64::total_cmp);
-        let p50 = times[times.len() / 2];
-        let t = Instant::now();
-        for p in live {
-            pool.free(p, &s).expect("free");
+        // Two functions for one round, so that a profiler can take the
+        // steady state alone (`valgrind --tool=callgrind
+        // --toggle-collect='*steady_round*'`).
+        match round < 2 {
+            true => warm_round(&pool, &s, &sizes, round),
+            false => steady_round(&pool, &s, &sizes, round),
         }
-        let tf = t.elapsed().as_secs_f64() * 1e6 / sizes.len() as f64;
-        let (st, c) = (pool.stats(), pool.backend().counts());
-        println!(
-            "round {round}: alloc {ta:.3} us (p50 {p50:.3}), free {tf:.3} us per call; so far {} grows, \
-             {} retires; device calls: {} event records, {} stream waits, {} event queries, \
-             {} host waits for events",
-            st.grows, st.retires, c.records, c.waits, c.queries, c.event_syncs
-        );
     }
+}
+
+#[inline(never)]
+fn warm_round(pool: &Pool<HostBackend>, s: &HostStream, sizes: &[usize], round: usize) {
+    one_round(pool, s, sizes, round)
+}
+
+#[inline(never)]
+fn steady_round(pool: &Pool<HostBackend>, s: &HostStream, sizes: &[usize], round: usize) {
+    one_round(pool, s, sizes, round)
+}
+
+/// Allocates every size (timing each call), then frees every block.
+#[inline(always)]
+fn one_round(pool: &Pool<HostBackend>, s: &HostStream, sizes: &[usize], round: usize) {
+    let mut times: Vec<f64> = Vec::with_capacity(sizes.len());
+    let live: Vec<u64> = sizes
+        .iter()
+        .map(|&sz| {
+            let t = Instant::now();
+            let p = pool.alloc(sz, s).expect("alloc");
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+            p
+        })
+        .collect();
+    let ta = times.iter().sum::<f64>() / times.len() as f64;
+    times.sort_by(f64::total_cmp);
+    let p50 = times[times.len() / 2];
+    let t = Instant::now();
+    for p in live {
+        pool.free(p, s).expect("free");
+    }
+    let tf = t.elapsed().as_secs_f64() * 1e6 / sizes.len() as f64;
+    let (st, c) = (pool.stats(), pool.backend().counts());
+    println!(
+        "round {round}: alloc {ta:.3} us (p50 {p50:.3}), free {tf:.3} us per call; so far {} grows, \
+         {} retires; device calls: {} event records, {} stream waits, {} event queries, \
+         {} host waits for events",
+        st.grows, st.retires, c.records, c.waits, c.queries, c.event_syncs
+    );
 }

@@ -47,8 +47,53 @@ const NEAR_SLOTS: u32 = 4;
 const FAR_PROBES: u32 = 16;
 // `far_listed` names each probe, one bit of a u32.
 const _: () = assert!(FAR_PROBES == 16);
-/// Passes of the last-resort scan while it sees free blocks in transit.
+/// Passes of the last-resort scan while it sees free blocks in transit,
+/// 64 spin hints apart (on a host with `std`, the first passes: see
+/// [`TRANSIT_WAIT`]).
 const SCAN_ROUNDS: u32 = 8;
+/// On a host with `std`: how long the last-resort scan keeps waiting,
+/// yielding its CPU between passes, for free blocks in transit after
+/// [`SCAN_ROUNDS`] passes. A page is in transit for a few instructions of
+/// its holder's, unless the OS takes the holder's CPU away meanwhile:
+/// then for a time slice or more, and a scan of a few microseconds gave
+/// up with free blocks on that page, a null (8 threads on a loaded
+/// 16-core host). The bound stays so that a page lost in transit by a
+/// bug shows as a null, not a hang.
+#[cfg(all(feature = "std", not(loom), not(target_arch = "nvptx64")))]
+const TRANSIT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The last-resort scan's wait between passes that saw free blocks in
+/// transit: [`SCAN_ROUNDS`] short spins, then on a host with `std`
+/// yields until [`TRANSIT_WAIT`] has passed.
+#[derive(Default)]
+struct TransitWait {
+    passes: u32,
+    #[cfg(all(feature = "std", not(loom), not(target_arch = "nvptx64")))]
+    since: Option<std::time::Instant>,
+}
+
+impl TransitWait {
+    /// Waits before another pass; false once the wait is over.
+    #[inline(always)]
+    fn again(&mut self) -> bool {
+        if self.passes < SCAN_ROUNDS {
+            self.passes += 1;
+            for _ in 0..64 {
+                spin_hint();
+            }
+            return true;
+        }
+        #[cfg(all(feature = "std", not(loom), not(target_arch = "nvptx64")))]
+        {
+            let since = *self.since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() < TRANSIT_WAIT {
+                std::thread::yield_now();
+                return true;
+            }
+        }
+        false
+    }
+}
 
 /// What one pass of the last-resort scan found.
 enum Scan {
@@ -535,15 +580,13 @@ impl<W: Word> Heap<'_, W> {
     /// reach.
     #[inline(never)]
     pub(super) fn reserve_by_scan_or_fail(&self, class: u32, slot: u32) -> Result<(), AllocError> {
-        for _ in 0..SCAN_ROUNDS {
+        let mut wait = TransitWait::default();
+        loop {
             match self.scan_for_free(class, slot) {
                 Scan::Listed => return Ok(()),
                 Scan::Nothing => break,
-                Scan::InTransit => {
-                    for _ in 0..64 {
-                        spin_hint();
-                    }
-                }
+                Scan::InTransit if wait.again() => {}
+                Scan::InTransit => break,
             }
         }
         Err(AllocError::OutOfMemory)
@@ -654,4 +697,53 @@ fn far_listed_at<W: Word>(
     // holds while its caller runs, and so during this call.
     let heap = unsafe { Heap::<W>::from_parts(meta, data, page_count, slots) };
     heap.far_listed(class, slot)
+}
+
+#[cfg(all(test, feature = "std", not(loom)))]
+mod tests {
+    use crate::owned::OwnedHeap;
+    use crate::size_class::class_of;
+    use crate::sync::Ordering;
+    use std::time::Duration;
+
+    /// A heap of one page whose free blocks are in transit (detached from
+    /// their slot and not yet settled, as `reserve` leaves a page it
+    /// found full, or as an installer leaves one it popped) when another
+    /// slot runs out: the allocation waits for the page to settle instead
+    /// of failing. The holder here keeps the page for 10 ms, as a thread
+    /// the OS has taken off its CPU does.
+    #[test]
+    #[cfg_attr(miri, ignore)] // Miri's clock moves with the code it runs: seconds
+    fn an_allocation_waits_for_free_blocks_in_transit() {
+        let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
+        let heap = owned.heap();
+        let class = class_of(256).unwrap();
+        assert_eq!(
+            heap.geometry().page_units(class),
+            1,
+            "one page fills the heap"
+        );
+        let first = heap.alloc(256, 0).unwrap();
+        // Slot 0's current page, detached: in transit.
+        let cache = heap.slot_cache(class, 0);
+        let page = cache.load(Ordering::Acquire) - 1;
+        assert_eq!(
+            cache.compare_exchange(page + 1, 0, Ordering::AcqRel, Ordering::Relaxed),
+            Ok(page + 1)
+        );
+        let second = std::thread::scope(|sc| {
+            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
+            std::thread::sleep(Duration::from_millis(10));
+            // The holder settles the page, as `reserve` does after it.
+            let a = heap.descs()[page as usize].float();
+            heap.settle(page, a, 0);
+            other.join().unwrap()
+        });
+        let second = second.expect("a block once the page settled, not a null");
+        assert_ne!(second, first as usize);
+        heap.free(first, 0).unwrap();
+        heap.free(second as *mut u8, 1).unwrap();
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
+    }
 }
