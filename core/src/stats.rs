@@ -85,6 +85,11 @@ pub struct Counters {
     /// block's address as it is made, before the bitmap says whether the
     /// block was live, so a warp counts with no wait.
     pub double_frees: AtomicU64,
+    /// Passes of the last-resort scan, past its first short ones, that
+    /// yielded the CPU while free blocks of the class were in transit
+    /// between owners (on a host with `std` only: see `TRANSIT_WAIT` in
+    /// the heap's allocation path).
+    pub transit_waits: AtomicU64,
 }
 
 impl Counters {
@@ -137,6 +142,7 @@ impl Counters {
             units_peak: AtomicU64::new(0),
             span_pages: AtomicU64::new(0),
             double_frees: AtomicU64::new(0),
+            transit_waits: AtomicU64::new(0),
         }
     }
 

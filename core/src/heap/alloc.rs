@@ -58,24 +58,51 @@ const SCAN_ROUNDS: u32 = 8;
 /// then for a time slice or more, and a scan of a few microseconds gave
 /// up with free blocks on that page, a null (8 threads on a loaded
 /// 16-core host). The bound stays so that a page lost in transit by a
-/// bug shows as a null, not a hang.
-#[cfg(all(feature = "std", not(loom), not(target_arch = "nvptx64")))]
+/// bug shows as a null, not a hang. A caller with a fallback of its own
+/// (a pool that would grow) skips the wait: [`without_transit_wait`].
+#[cfg(host_std)]
 const TRANSIT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+#[cfg(host_std)]
+std::thread_local! {
+    /// This thread's allocations skip [`TRANSIT_WAIT`] (see
+    /// [`without_transit_wait`]).
+    static NO_TRANSIT_WAIT: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's allocations giving up on free blocks in
+/// transit after the last-resort scan's first short passes, as on a GPU,
+/// instead of waiting up to [`TRANSIT_WAIT`] for them: for a caller that
+/// has a fallback when the heap says it is out of memory (a pool grows
+/// its mapping), which a wait of up to a time slice would only delay. The
+/// setting is the thread's, for the length of `f` (also if it panics).
+#[cfg(host_std)]
+pub fn without_transit_wait<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_TRANSIT_WAIT.with(|n| n.set(self.0));
+        }
+    }
+    let _restore = Restore(NO_TRANSIT_WAIT.with(|n| n.replace(true)));
+    f()
+}
 
 /// The last-resort scan's wait between passes that saw free blocks in
 /// transit: [`SCAN_ROUNDS`] short spins, then on a host with `std`
-/// yields until [`TRANSIT_WAIT`] has passed.
+/// yields until [`TRANSIT_WAIT`] has passed (each yield counted in
+/// [`Counters::transit_waits`]).
 #[derive(Default)]
 struct TransitWait {
     passes: u32,
-    #[cfg(all(feature = "std", not(loom), not(target_arch = "nvptx64")))]
+    #[cfg(host_std)]
     since: Option<std::time::Instant>,
 }
 
 impl TransitWait {
     /// Waits before another pass; false once the wait is over.
     #[inline(always)]
-    fn again(&mut self) -> bool {
+    fn again(&mut self, counters: &Counters) -> bool {
         if self.passes < SCAN_ROUNDS {
             self.passes += 1;
             for _ in 0..64 {
@@ -83,14 +110,16 @@ impl TransitWait {
             }
             return true;
         }
-        #[cfg(all(feature = "std", not(loom), not(target_arch = "nvptx64")))]
-        {
+        #[cfg(host_std)]
+        if !NO_TRANSIT_WAIT.with(|n| n.get()) {
             let since = *self.since.get_or_insert_with(std::time::Instant::now);
             if since.elapsed() < TRANSIT_WAIT {
+                Counters::bump(&counters.transit_waits, 1);
                 std::thread::yield_now();
                 return true;
             }
         }
+        let _ = counters;
         false
     }
 }
@@ -585,11 +614,16 @@ impl<W: Word> Heap<'_, W> {
             match self.scan_for_free(class, slot) {
                 Scan::Listed => return Ok(()),
                 Scan::Nothing => break,
-                Scan::InTransit if wait.again() => {}
+                Scan::InTransit if wait.again(self.counters()) => {}
                 Scan::InTransit => break,
             }
         }
         Err(AllocError::OutOfMemory)
+    }
+
+    /// Whether any slot's list of `class` holds a page.
+    fn any_listed(&self, class: u32) -> bool {
+        (0..self.slots).any(|s| !self.list(class, s).is_empty())
     }
 
     /// One pass of [`Heap::reserve_by_scan_or_fail`].
@@ -613,8 +647,11 @@ impl<W: Word> Heap<'_, W> {
                         .is_ok()
                 });
                 if !held {
-                    if d.state.load(Ordering::Relaxed) == STATE_LISTED {
-                        return Scan::Listed; // some list holds it: acquire finds it
+                    // Listed: acquire finds it, unless it says so off every
+                    // list, as while a scavenge has popped it (to retire
+                    // it or put it back): in transit then, waited for.
+                    if d.state.load(Ordering::Relaxed) == STATE_LISTED && self.any_listed(class) {
+                        return Scan::Listed;
                     }
                     seen = Scan::InTransit;
                     continue;
@@ -699,24 +736,35 @@ fn far_listed_at<W: Word>(
     heap.far_listed(class, slot)
 }
 
-#[cfg(all(test, feature = "std", not(loom)))]
+#[cfg(all(test, host_std))]
 mod tests {
+    use super::without_transit_wait;
+    use crate::heap::{AllocError, Heap};
     use crate::owned::OwnedHeap;
     use crate::size_class::class_of;
     use crate::sync::Ordering;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
-    /// A heap of one page whose free blocks are in transit (detached from
-    /// their slot and not yet settled, as `reserve` leaves a page it
-    /// found full, or as an installer leaves one it popped) when another
-    /// slot runs out: the allocation waits for the page to settle instead
-    /// of failing. The holder here keeps the page for 10 ms, as a thread
-    /// the OS has taken off its CPU does.
-    #[test]
-    #[cfg_attr(miri, ignore)] // Miri's clock moves with the code it runs: seconds
-    fn an_allocation_waits_for_free_blocks_in_transit() {
-        let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
-        let heap = owned.heap();
+    /// Waits until `heap`'s last-resort scan has waited for free blocks in
+    /// transit (its count past `before`): false if it has not in 10 s.
+    /// The caller lets the page go either way, so that a failing test
+    /// ends instead of leaving the allocating thread waiting on it.
+    fn await_transit_wait(heap: &Heap<'_, u32>, before: u64) -> bool {
+        let t = Instant::now();
+        while heap.counters().transit_waits.load(Ordering::Relaxed) == before {
+            if t.elapsed() > Duration::from_secs(10) {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    /// A heap of one page of 256 B blocks, one block taken by slot 0, and
+    /// that page detached from slot 0 (in transit, as `reserve` leaves a
+    /// page it found full, or as an installer leaves one it popped):
+    /// the page's number and the block.
+    fn one_page_in_transit(heap: &Heap<'_, u32>) -> (u32, *mut u8) {
         let class = class_of(256).unwrap();
         assert_eq!(
             heap.geometry().page_units(class),
@@ -724,26 +772,102 @@ mod tests {
             "one page fills the heap"
         );
         let first = heap.alloc(256, 0).unwrap();
-        // Slot 0's current page, detached: in transit.
         let cache = heap.slot_cache(class, 0);
         let page = cache.load(Ordering::Acquire) - 1;
         assert_eq!(
             cache.compare_exchange(page + 1, 0, Ordering::AcqRel, Ordering::Relaxed),
             Ok(page + 1)
         );
-        let second = std::thread::scope(|sc| {
-            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
-            std::thread::sleep(Duration::from_millis(10));
-            // The holder settles the page, as `reserve` does after it.
-            let a = heap.descs()[page as usize].float();
-            heap.settle(page, a, 0);
-            other.join().unwrap()
-        });
-        let second = second.expect("a block once the page settled, not a null");
+        (page, first)
+    }
+
+    /// Frees both blocks and checks the heap ends empty and sound.
+    fn free_both(heap: &Heap<'_, u32>, first: *mut u8, second: usize) {
         assert_ne!(second, first as usize);
         heap.free(first, 0).unwrap();
         heap.free(second as *mut u8, 1).unwrap();
         heap.check_invariants().unwrap();
         assert!(heap.stats().is_empty());
+    }
+
+    /// Another slot runs out while the heap's one page is in transit: the
+    /// allocation waits for the page to settle instead of failing. The
+    /// holder here settles it only once the allocation has waited, as a
+    /// thread the OS took off its CPU does later.
+    #[test]
+    #[cfg_attr(miri, ignore)] // Miri's clock moves with the code it runs: seconds
+    fn an_allocation_waits_for_free_blocks_in_transit() {
+        let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
+        let heap = owned.heap();
+        let (page, first) = one_page_in_transit(&heap);
+        let before = heap.counters().transit_waits.load(Ordering::Relaxed);
+        let second = std::thread::scope(|sc| {
+            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
+            let waited = await_transit_wait(&heap, before);
+            // The holder settles the page, as `reserve` does after it.
+            let a = heap.descs()[page as usize].float();
+            heap.settle(page, a, 0);
+            (waited, other.join().unwrap())
+        });
+        assert!(
+            second.0,
+            "the allocation never waited for the page in transit"
+        );
+        let second = second.1.expect("a block once the page settled, not a null");
+        free_both(&heap, first, second);
+    }
+
+    /// The same page off every list while its state still says listed, as
+    /// `scavenge_slots` leaves it between its pop and its push back: the
+    /// scan waits for it as for any page in transit (yielding, bounded),
+    /// rather than sending the allocation back to lists that hold nothing,
+    /// round after round with no yield, until the scavenge ends.
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn an_allocation_waits_for_a_page_a_scavenge_holds_off_its_list() {
+        let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
+        let heap = owned.heap();
+        let (page, first) = one_page_in_transit(&heap);
+        let class = class_of(256).unwrap();
+        heap.list_page(page, class, 0);
+        assert_eq!(heap.list(class, 0).pop(heap.next_of()), Some(page));
+        let before = heap.counters().transit_waits.load(Ordering::Relaxed);
+        let second = std::thread::scope(|sc| {
+            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
+            let waited = await_transit_wait(&heap, before);
+            // The scavenge puts the page back on its list.
+            heap.list(class, 0).push(page, heap.next_of());
+            (waited, other.join().unwrap())
+        });
+        assert!(
+            second.0,
+            "the allocation never waited for the page off its list"
+        );
+        let second = second
+            .1
+            .expect("a block once the page was listed again, not a null");
+        free_both(&heap, first, second);
+    }
+
+    /// With [`without_transit_wait`], the allocation gives up on the page
+    /// in transit after the short passes, with no wait counted, and the
+    /// setting ends with the call.
+    #[test]
+    fn without_the_wait_an_allocation_fails_at_once_on_a_page_in_transit() {
+        let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
+        let heap = owned.heap();
+        let (page, first) = one_page_in_transit(&heap);
+        let before = heap.counters().transit_waits.load(Ordering::Relaxed);
+        let got = without_transit_wait(|| heap.alloc(256, 1));
+        assert_eq!(got, Err(AllocError::OutOfMemory));
+        assert_eq!(
+            heap.counters().transit_waits.load(Ordering::Relaxed),
+            before,
+            "no wait"
+        );
+        let a = heap.descs()[page as usize].float();
+        heap.settle(page, a, 0);
+        let second = heap.alloc(256, 1).expect("a block from the settled page");
+        free_both(&heap, first, second as usize);
     }
 }

@@ -37,6 +37,8 @@ mod lifecycle;
 mod realloc;
 mod span;
 
+#[cfg(host_std)]
+pub use alloc::without_transit_wait;
 pub use alloc::{Grant, Run};
 pub use free::{BlockInfo, FreeOutcome, Located};
 pub use grow::{GrowHost, GROW_TIMEOUT_NS};

@@ -59,6 +59,7 @@ use cache::{
     hinted, remember, thread_slot, with_hinted, Cache, Key, StreamCache, ALLOCS, CROSS, FREES, SAME,
 };
 use cudarc::driver::CudaContext;
+use cuheap_core::heap::without_transit_wait;
 use cuheap_core::size_class::PAGE_SIZE;
 use cuheap_core::{Heap, HeapHandle, Layout, Placement, MAX_CLASS_SIZE};
 use guard::Guards;
@@ -586,6 +587,28 @@ impl<B: Backend> Pool<B> {
         self.view
     }
 
+    /// A block of `size` bytes from the heap as it is now, for an attempt
+    /// the pool follows with more work of its own (reclaim, steal, grow):
+    /// the heap's last-resort scan does not wait for free blocks in
+    /// transit between its threads ([`without_transit_wait`]), which with
+    /// more threads than cores can take a time slice. The pool's last try
+    /// before it reports exhaustion waits ([`Pool::last_try`]).
+    fn heap_block_now(&self, size: usize, slot: u32) -> Option<u64> {
+        without_transit_wait(|| self.heap().alloc(size, slot))
+            .ok()
+            .map(|p| p as usize as u64)
+    }
+
+    /// The last try for `size` bytes once the pool can neither reclaim nor
+    /// grow: the heap's scan waits for free blocks in transit (up to its
+    /// bound) before the pool reports exhaustion.
+    fn last_try(&self, size: usize, slot: u32) -> Result<u64> {
+        self.heap()
+            .alloc(size, slot)
+            .map(|p| p as usize as u64)
+            .map_err(|_| self.exhausted(size))
+    }
+
     fn bump(&self, which: usize) {
         self.counts[which].fetch_add(1, Ordering::Relaxed);
     }
@@ -1090,15 +1113,15 @@ impl<B: Backend> Pool<B> {
     /// then idle caches and more memory.
     fn find(&self, own: &StreamCache<B>, key: Key) -> Result<(u64, Option<usize>)> {
         self.keep_headroom(own);
-        let from_heap = || self.heap().alloc(key.bytes(), thread_slot()).ok();
+        let from_heap = || self.heap_block_now(key.bytes(), thread_slot());
         if let Some(p) = from_heap() {
-            return Ok((p as usize as u64, None));
+            return Ok((p, None));
         }
         // A failed query is not this allocation's failure: steal or grow
         // instead.
         if self.reclaim(false).unwrap_or(0) > 0 {
             if let Some(p) = from_heap() {
-                return Ok((p as usize as u64, None));
+                return Ok((p, None));
             }
         }
         // The stream's other threads' blocks need no wait: before another
@@ -1371,9 +1394,9 @@ impl<B: Backend> Pool<B> {
     /// A block from the heap: retire the idle caches, grow the mapping,
     /// then return the caches to the heap, before giving up.
     fn fresh(&self, key: Key) -> Result<u64> {
-        let (heap, size, slot) = (self.heap(), key.bytes(), thread_slot());
-        if let Ok(p) = heap.alloc(size, slot) {
-            return Ok(p as usize as u64);
+        let (size, slot) = (key.bytes(), thread_slot());
+        if let Some(p) = self.heap_block_now(size, slot) {
+            return Ok(p);
         }
         if self.graph {
             return self.fresh_for_graph(size, slot);
@@ -1383,8 +1406,8 @@ impl<B: Backend> Pool<B> {
         self.sweep();
         self.retire_all();
         self.reclaim(false)?;
-        if let Ok(p) = heap.alloc(size, slot) {
-            return Ok(p as usize as u64);
+        if let Some(p) = self.heap_block_now(size, slot) {
+            return Ok(p);
         }
         if let Some(p) = self.grow_and_alloc(size, slot) {
             return Ok(p);
@@ -1393,12 +1416,13 @@ impl<B: Backend> Pool<B> {
         // (growing again: a trim may have taken memory meanwhile).
         self.flush_all()?;
         self.reclaim(true)?;
-        heap.scavenge();
-        match heap.alloc(size, slot) {
-            Ok(p) => Ok(p as usize as u64),
-            Err(_) => self
-                .grow_and_alloc(size, slot)
-                .ok_or_else(|| self.exhausted(size)),
+        self.heap().scavenge();
+        match self.heap_block_now(size, slot) {
+            Some(p) => Ok(p),
+            None => match self.grow_and_alloc(size, slot) {
+                Some(p) => Ok(p),
+                None => self.last_try(size, slot),
+            },
         }
     }
 
@@ -1416,8 +1440,8 @@ impl<B: Backend> Pool<B> {
     fn grow_and_alloc(&self, size: usize, slot: u32) -> Option<u64> {
         let _g = self.grow_lock.lock().unwrap_or_else(|p| p.into_inner());
         let heap = self.heap();
-        if let Ok(p) = heap.alloc(size, slot) {
-            return Some(p as usize as u64); // another thread grew it
+        if let Some(p) = self.heap_block_now(size, slot) {
+            return Some(p); // another thread grew it
         }
         if !self.graph {
             // What the caches gathered since this thread gave them back
@@ -1428,16 +1452,16 @@ impl<B: Backend> Pool<B> {
             // with it (`docs/pool-grow-retires-caches-h200.txt`).
             self.retire_all();
             let _ = self.reclaim(false);
-            if let Ok(p) = heap.alloc(size, slot) {
-                return Some(p as usize as u64);
+            if let Some(p) = self.heap_block_now(size, slot) {
+                return Some(p);
             }
         }
         for whole in [false, true] {
             if whole && self.region.end() >= self.region.reserved() {
                 // The range is used up: what moved away maps back.
                 self.fill_holes();
-                if let Ok(p) = heap.alloc(size, slot) {
-                    return Some(p as usize as u64);
+                if let Some(p) = self.heap_block_now(size, slot) {
+                    return Some(p);
                 }
             }
             let need = if size <= MAX_CLASS_SIZE {
@@ -1454,8 +1478,8 @@ impl<B: Backend> Pool<B> {
             let end = self.region.end();
             // A partial growth still opens what it mapped: try the heap.
             let _ = self.grow(end + need);
-            if let Ok(p) = heap.alloc(size, slot) {
-                return Some(p as usize as u64);
+            if let Some(p) = self.heap_block_now(size, slot) {
+                return Some(p);
             }
         }
         None
@@ -1628,11 +1652,13 @@ impl<B: Backend> Pool<B> {
             }
         }
         heap.scavenge();
-        if let Ok(p) = heap.alloc(size, slot) {
-            return Ok(p as usize as u64);
+        if let Some(p) = self.heap_block_now(size, slot) {
+            return Ok(p);
         }
-        self.grow_and_alloc(size, slot)
-            .ok_or_else(|| self.exhausted(size))
+        match self.grow_and_alloc(size, slot) {
+            Some(p) => Ok(p),
+            None => self.last_try(size, slot),
+        }
     }
 
     /// Returns every stream's cache to the heap, waiting (on the host) for
