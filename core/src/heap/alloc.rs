@@ -607,8 +607,14 @@ impl<W: Word> Heap<'_, W> {
     /// over; the scan is repeated a few times while it sees such pages, so
     /// free blocks are reported as exhaustion only when they stay out of
     /// reach.
+    ///
+    /// A page retired meanwhile (by a scavenge, which may have held it off
+    /// its list while this scan waited for it) gave its units back to the
+    /// page map: then the caller searches again instead of failing.
     #[inline(never)]
     pub(super) fn reserve_by_scan_or_fail(&self, class: u32, slot: u32) -> Result<(), AllocError> {
+        let retired = || self.counters().pages_retired.load(Ordering::Acquire);
+        let before = retired();
         let mut wait = TransitWait::default();
         loop {
             match self.scan_for_free(class, slot) {
@@ -618,7 +624,10 @@ impl<W: Word> Heap<'_, W> {
                 Scan::InTransit => break,
             }
         }
-        Err(AllocError::OutOfMemory)
+        match retired() != before {
+            true => Ok(()),
+            false => Err(AllocError::OutOfMemory),
+        }
     }
 
     /// Whether any slot's list of `class` holds a page.
@@ -633,6 +642,8 @@ impl<W: Word> Heap<'_, W> {
         // its whole reservation, mostly unmapped.
         let pages = &self.descs()[..self.limit() as usize];
         let mut seen = Scan::Nothing;
+        // Whether any list of the class holds a page: read once a pass.
+        let mut listed = None;
         for (p, d) in pages.iter().enumerate() {
             let p = p as u32;
             if d.kind.load(Ordering::Acquire) != class + 1 || d.now().free <= 0 {
@@ -647,10 +658,17 @@ impl<W: Word> Heap<'_, W> {
                         .is_ok()
                 });
                 if !held {
-                    // Listed: acquire finds it, unless it says so off every
-                    // list, as while a scavenge has popped it (to retire
-                    // it or put it back): in transit then, waited for.
-                    if d.state.load(Ordering::Relaxed) == STATE_LISTED && self.any_listed(class) {
+                    // Listed: acquire finds it. On a host with `std`, a
+                    // page that says so while no list of its class holds a
+                    // page is off its list in a scavenge (to be retired or
+                    // put back): in transit then, waited for with a yield
+                    // (before, the allocation went back to the empty lists
+                    // round after round with no yield until the scavenge
+                    // ended; a GPU's, with no such wait, still does).
+                    if d.state.load(Ordering::Relaxed) == STATE_LISTED
+                        && (!cfg!(host_std)
+                            || *listed.get_or_insert_with(|| self.any_listed(class)))
+                    {
                         return Scan::Listed;
                     }
                     seen = Scan::InTransit;
@@ -847,6 +865,43 @@ mod tests {
             .1
             .expect("a block once the page was listed again, not a null");
         free_both(&heap, first, second);
+    }
+
+    /// The page a scavenge holds off its list is empty, and the scavenge
+    /// retires it while the allocation waits for it: the scan then finds
+    /// no page of the class with free blocks, but a page was retired
+    /// meanwhile, so the allocation searches again and takes the units
+    /// the retirement gave back, instead of a null.
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn an_allocation_takes_the_page_a_scavenge_retires_while_it_waits() {
+        let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
+        let heap = owned.heap();
+        let (page, first) = one_page_in_transit(&heap);
+        heap.free(first, 0).unwrap();
+        let class = class_of(256).unwrap();
+        heap.list_page(page, class, 0);
+        assert_eq!(heap.list(class, 0).pop(heap.next_of()), Some(page));
+        let before = heap.counters().transit_waits.load(Ordering::Relaxed);
+        let got = std::thread::scope(|sc| {
+            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
+            let waited = await_transit_wait(&heap, before);
+            // The scavenge retires the empty page.
+            let cap = heap.geometry().blocks_per_page(class);
+            assert!(heap.descs()[page as usize].try_retire(class, cap, false));
+            heap.release_page(page, class);
+            (waited, other.join().unwrap())
+        });
+        assert!(
+            got.0,
+            "the allocation never waited for the page off its list"
+        );
+        let p = got
+            .1
+            .expect("a block from the retired page's units, not a null");
+        heap.free(p as *mut u8, 1).unwrap();
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
     }
 
     /// With [`without_transit_wait`], the allocation gives up on the page

@@ -89,9 +89,14 @@ impl<W: Word> Heap<'_, W> {
             d.state.store(STATE_NONE, Ordering::Relaxed);
             d.kind.store(KIND_FREE, Ordering::Release);
         }
-        Counters::bump(&self.counters().pages_retired, 1);
         self.counters().give_units(units as u64);
         self.map().release_run(page, units);
+        // Counted once the units are back in the map: a last-resort scan
+        // that sees the count move searches the map again (release, so
+        // that it finds the units then).
+        self.counters()
+            .pages_retired
+            .fetch_add(1, Ordering::Release);
     }
 
     /// Returns `n` blocks of a class page to its `avail`, then settles it.
