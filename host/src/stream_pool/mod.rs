@@ -599,6 +599,18 @@ impl<B: Backend> Pool<B> {
             .map(|p| p as usize as u64)
     }
 
+    /// The heap as it is now, then growth, then [`Pool::last_try`]: the
+    /// end of every search for fresh memory.
+    fn heap_then_grow(&self, size: usize, slot: u32) -> Result<u64> {
+        match self.heap_block_now(size, slot) {
+            Some(p) => Ok(p),
+            None => match self.grow_and_alloc(size, slot) {
+                Some(p) => Ok(p),
+                None => self.last_try(size, slot),
+            },
+        }
+    }
+
     /// The last try for `size` bytes once the pool can neither reclaim nor
     /// grow: the heap's scan waits for free blocks in transit (up to its
     /// bound) before the pool reports exhaustion.
@@ -1417,13 +1429,7 @@ impl<B: Backend> Pool<B> {
         self.flush_all()?;
         self.reclaim(true)?;
         self.heap().scavenge();
-        match self.heap_block_now(size, slot) {
-            Some(p) => Ok(p),
-            None => match self.grow_and_alloc(size, slot) {
-                Some(p) => Ok(p),
-                None => self.last_try(size, slot),
-            },
-        }
+        self.heap_then_grow(size, slot)
     }
 
     /// Grows the mapping and allocates, holding `grow_lock` throughout so
@@ -1652,13 +1658,7 @@ impl<B: Backend> Pool<B> {
             }
         }
         heap.scavenge();
-        if let Some(p) = self.heap_block_now(size, slot) {
-            return Ok(p);
-        }
-        match self.grow_and_alloc(size, slot) {
-            Some(p) => Ok(p),
-            None => self.last_try(size, slot),
-        }
+        self.heap_then_grow(size, slot)
     }
 
     /// Returns every stream's cache to the heap, waiting (on the host) for
