@@ -90,6 +90,10 @@ pub struct Counters {
     /// between owners (on a host with `std` only: see `TRANSIT_WAIT` in
     /// the heap's allocation path).
     pub transit_waits: AtomicU64,
+    /// Page releases begun ([`pages_retired`](Self::pages_retired) counts
+    /// those that ended): a last-resort scan that reads more begun than
+    /// ended waits for the units on their way back to the page map.
+    pub releases_begun: AtomicU64,
 }
 
 impl Counters {
@@ -143,6 +147,7 @@ impl Counters {
             span_pages: AtomicU64::new(0),
             double_frees: AtomicU64::new(0),
             transit_waits: AtomicU64::new(0),
+            releases_begun: AtomicU64::new(0),
         }
     }
 

@@ -385,6 +385,9 @@ impl<W: Word> Heap<'_, W> {
         {
             return Ok(()); // someone else is installing or installed one
         }
+        // Before the search of the page map: a page retired after it gave
+        // units that search did not see (`reserve_by_scan_or_fail`).
+        let retired = self.retired_count();
         match self.acquire_page(class, slot) {
             Ok(p) => {
                 cache.store(p + 1, Ordering::Release);
@@ -402,7 +405,7 @@ impl<W: Word> Heap<'_, W> {
                     // full.
                     return Ok(());
                 }
-                self.reserve_by_scan_or_fail(class, slot)
+                self.reserve_by_scan_or_fail(class, slot, retired)
             }
         }
     }
@@ -608,26 +611,50 @@ impl<W: Word> Heap<'_, W> {
     /// free blocks are reported as exhaustion only when they stay out of
     /// reach.
     ///
-    /// A page retired meanwhile (by a scavenge, which may have held it off
-    /// its list while this scan waited for it) gave its units back to the
-    /// page map: then the caller searches again instead of failing.
+    /// A page retired since `retired` was read ([`Heap::retired_count`],
+    /// before the caller's search of the page map) gave its units back to
+    /// the page map: then the caller searches again instead of failing. A
+    /// page on its way there (retired, its release not ended) counts as in
+    /// transit: a scavenge may retire the very page this scan waited for.
     #[inline(never)]
-    pub(super) fn reserve_by_scan_or_fail(&self, class: u32, slot: u32) -> Result<(), AllocError> {
-        let retired = || self.counters().pages_retired.load(Ordering::Acquire);
-        let before = retired();
+    pub(super) fn reserve_by_scan_or_fail(
+        &self,
+        class: u32,
+        slot: u32,
+        retired: u64,
+    ) -> Result<(), AllocError> {
         let mut wait = TransitWait::default();
         loop {
-            match self.scan_for_free(class, slot) {
+            let scan = match self.scan_for_free(class, slot) {
+                Scan::Nothing if self.releasing() => Scan::InTransit,
+                scan => scan,
+            };
+            match scan {
                 Scan::Listed => return Ok(()),
                 Scan::Nothing => break,
                 Scan::InTransit if wait.again(self.counters()) => {}
                 Scan::InTransit => break,
             }
         }
-        match retired() != before {
+        match self.retired_count() != retired {
             true => Ok(()),
             false => Err(AllocError::OutOfMemory),
         }
+    }
+
+    /// Pages whose release has ended (their units back in the page map).
+    #[inline(always)]
+    pub(super) fn retired_count(&self) -> u64 {
+        self.counters().pages_retired.load(Ordering::Acquire)
+    }
+
+    /// Whether a page release has begun and not ended
+    /// ([`Heap::release_units`]).
+    fn releasing(&self) -> bool {
+        // Ended first: every release is counted as begun before it is as
+        // ended, so begun, read after, is at least ended, read before.
+        let ended = self.retired_count();
+        self.counters().releases_begun.load(Ordering::Acquire) != ended
     }
 
     /// Whether any slot's list of `class` holds a page.
@@ -646,7 +673,17 @@ impl<W: Word> Heap<'_, W> {
         let mut listed = None;
         for (p, d) in pages.iter().enumerate() {
             let p = p as u32;
-            if d.kind.load(Ordering::Acquire) != class + 1 || d.now().free <= 0 {
+            if d.kind.load(Ordering::Acquire) != class + 1 {
+                continue;
+            }
+            let now = d.now();
+            if !now.live {
+                // Being activated, or retired with its units not yet
+                // released (see `release_units`): in transit.
+                seen = Scan::InTransit;
+                continue;
+            }
+            if now.free <= 0 {
                 continue;
             }
             if !d.now().floating {
@@ -763,19 +800,37 @@ mod tests {
     use crate::sync::Ordering;
     use std::time::{Duration, Instant};
 
-    /// Waits until `heap`'s last-resort scan has waited for free blocks in
-    /// transit (its count past `before`): false if it has not in 10 s.
-    /// The caller lets the page go either way, so that a failing test
-    /// ends instead of leaving the allocating thread waiting on it.
-    fn await_transit_wait(heap: &Heap<'_, u32>, before: u64) -> bool {
-        let t = Instant::now();
-        while heap.counters().transit_waits.load(Ordering::Relaxed) == before {
-            if t.elapsed() > Duration::from_secs(10) {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-        true
+    /// Allocates 256 B from slot 1 on another thread and, once that
+    /// allocation has waited for free blocks in transit, runs `release`,
+    /// which lets the page go; `release`'s argument waits until the
+    /// allocation waits again (true) or has ended (false). Asserts that it
+    /// waited at first; returns what it got. `release` runs either way, so
+    /// that a failing test ends instead of leaving the allocation waiting.
+    fn alloc_while_held(
+        heap: &Heap<'_, u32>,
+        release: impl FnOnce(&dyn Fn() -> bool),
+    ) -> Result<usize, AllocError> {
+        let waits = || heap.counters().transit_waits.load(Ordering::Relaxed);
+        let (waited, got) = std::thread::scope(|sc| {
+            let before = waits();
+            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
+            // The count past `from` within 10 s, while the allocation runs.
+            let past = |from: u64| {
+                let t = Instant::now();
+                while waits() == from {
+                    if other.is_finished() || t.elapsed() > Duration::from_secs(10) {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                }
+                true
+            };
+            let waited = past(before);
+            release(&|| past(waits()));
+            (waited, other.join().unwrap())
+        });
+        assert!(waited, "the allocation never waited for the page");
+        got
     }
 
     /// A heap of one page of 256 B blocks, one block taken by slot 0, and
@@ -818,21 +873,24 @@ mod tests {
         let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
         let heap = owned.heap();
         let (page, first) = one_page_in_transit(&heap);
-        let before = heap.counters().transit_waits.load(Ordering::Relaxed);
-        let second = std::thread::scope(|sc| {
-            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
-            let waited = await_transit_wait(&heap, before);
+        let second = alloc_while_held(&heap, |_| {
             // The holder settles the page, as `reserve` does after it.
             let a = heap.descs()[page as usize].float();
             heap.settle(page, a, 0);
-            (waited, other.join().unwrap())
         });
-        assert!(
-            second.0,
-            "the allocation never waited for the page in transit"
-        );
-        let second = second.1.expect("a block once the page settled, not a null");
+        let second = second.expect("a block once the page settled, not a null");
         free_both(&heap, first, second);
+    }
+
+    /// The heap's one page, listed, popped off its list by a scavenge:
+    /// its page number.
+    fn one_page_off_its_list(heap: &Heap<'_, u32>) -> u32 {
+        let class = class_of(256).unwrap();
+        let (page, first) = one_page_in_transit(heap);
+        heap.free(first, 0).unwrap();
+        heap.list_page(page, class, 0);
+        assert_eq!(heap.list(class, 0).pop(heap.next_of()), Some(page));
+        page
     }
 
     /// The same page off every list while its state still says listed, as
@@ -845,60 +903,43 @@ mod tests {
     fn an_allocation_waits_for_a_page_a_scavenge_holds_off_its_list() {
         let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
         let heap = owned.heap();
-        let (page, first) = one_page_in_transit(&heap);
-        let class = class_of(256).unwrap();
-        heap.list_page(page, class, 0);
-        assert_eq!(heap.list(class, 0).pop(heap.next_of()), Some(page));
-        let before = heap.counters().transit_waits.load(Ordering::Relaxed);
-        let second = std::thread::scope(|sc| {
-            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
-            let waited = await_transit_wait(&heap, before);
+        let page = one_page_off_its_list(&heap);
+        let got = alloc_while_held(&heap, |_| {
             // The scavenge puts the page back on its list.
+            let class = class_of(256).unwrap();
             heap.list(class, 0).push(page, heap.next_of());
-            (waited, other.join().unwrap())
         });
-        assert!(
-            second.0,
-            "the allocation never waited for the page off its list"
-        );
-        let second = second
-            .1
-            .expect("a block once the page was listed again, not a null");
-        free_both(&heap, first, second);
+        let p = got.expect("a block once the page was listed again, not a null");
+        heap.free(p as *mut u8, 1).unwrap();
+        heap.check_invariants().unwrap();
+        assert!(heap.stats().is_empty());
     }
 
     /// The page a scavenge holds off its list is empty, and the scavenge
-    /// retires it while the allocation waits for it: the scan then finds
-    /// no page of the class with free blocks, but a page was retired
-    /// meanwhile, so the allocation searches again and takes the units
-    /// the retirement gave back, instead of a null.
+    /// retires it while the allocation waits for it. The allocation keeps
+    /// waiting while the page reads as retired with its units not yet
+    /// released, and while the release is counted as begun and not ended
+    /// (once it failed in either window: the scan found no page of the
+    /// class with free blocks and no retirement ended); once the release
+    /// ends it searches again and takes the units given back.
     #[test]
     #[cfg_attr(miri, ignore)] // as above
     fn an_allocation_takes_the_page_a_scavenge_retires_while_it_waits() {
         let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
         let heap = owned.heap();
-        let (page, first) = one_page_in_transit(&heap);
-        heap.free(first, 0).unwrap();
-        let class = class_of(256).unwrap();
-        heap.list_page(page, class, 0);
-        assert_eq!(heap.list(class, 0).pop(heap.next_of()), Some(page));
-        let before = heap.counters().transit_waits.load(Ordering::Relaxed);
-        let got = std::thread::scope(|sc| {
-            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
-            let waited = await_transit_wait(&heap, before);
-            // The scavenge retires the empty page.
+        let page = one_page_off_its_list(&heap);
+        let got = alloc_while_held(&heap, |waits_again| {
+            let class = class_of(256).unwrap();
             let cap = heap.geometry().blocks_per_page(class);
             assert!(heap.descs()[page as usize].try_retire(class, cap, false));
-            heap.release_page(page, class);
-            (waited, other.join().unwrap())
+            let retired = waits_again();
+            heap.release_units(page, class);
+            let released = waits_again();
+            heap.end_release();
+            assert!(retired, "the allocation gave up on the retired page");
+            assert!(released, "the allocation gave up on a release not ended");
         });
-        assert!(
-            got.0,
-            "the allocation never waited for the page off its list"
-        );
-        let p = got
-            .1
-            .expect("a block from the retired page's units, not a null");
+        let p = got.expect("a block from the retired page's units, not a null");
         heap.free(p as *mut u8, 1).unwrap();
         heap.check_invariants().unwrap();
         assert!(heap.stats().is_empty());

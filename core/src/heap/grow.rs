@@ -230,7 +230,8 @@ impl<W: Word> Heap<'_, W> {
     #[cold]
     fn last_resort(&self, size: usize, align: usize, slot: u32) -> Result<*mut u8, AllocError> {
         if let Some(class) = class_of_aligned(size, align) {
-            if self.reserve_by_scan_or_fail(class, slot).is_ok() {
+            let retired = self.retired_count();
+            if self.reserve_by_scan_or_fail(class, slot, retired).is_ok() {
                 if let Ok(p) = self.try_alloc_aligned(size, align, slot) {
                     return Ok(p);
                 }

@@ -83,6 +83,24 @@ impl<W: Word> Heap<'_, W> {
 
     /// Gives a retired page's units back to the page map.
     pub(super) fn release_page(&self, page: u32, class: u32) {
+        self.release_units(page, class);
+        self.end_release();
+    }
+
+    /// The first part of [`Heap::release_page`]: the page's units back in
+    /// the page map, the release counted as begun.
+    ///
+    /// A last-resort scan must not miss the units on their way: it waits
+    /// for a page whose `kind` still names its class while its count reads
+    /// retired (from the retiring CAS to the store of `KIND_FREE` here),
+    /// then for a release counted as begun and not ended (from that store
+    /// to [`Heap::end_release`]); counted before the store (which
+    /// releases), so a scan that reads `KIND_FREE` reads the count too.
+    pub(super) fn release_units(&self, page: u32, class: u32) {
+        // An RMW, not a reduction: the release store below orders it.
+        self.counters()
+            .releases_begun
+            .fetch_add(1, Ordering::Relaxed);
         let units = self.geometry().page_units(class);
         for p in page..page + units {
             let d = &self.descs()[p as usize];
@@ -91,9 +109,12 @@ impl<W: Word> Heap<'_, W> {
         }
         self.counters().give_units(units as u64);
         self.map().release_run(page, units);
-        // Counted once the units are back in the map: a last-resort scan
-        // that sees the count move searches the map again (release, so
-        // that it finds the units then).
+    }
+
+    /// Counts a release as ended once the units are back in the map: a
+    /// last-resort scan that sees the count move searches the map again
+    /// (release, so that it finds the units then).
+    pub(super) fn end_release(&self) {
         self.counters()
             .pages_retired
             .fetch_add(1, Ordering::Release);
