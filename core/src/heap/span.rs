@@ -29,8 +29,6 @@ impl<W: Word> Heap<'_, W> {
         // last growth step, on a heap that grows while kernels run).
         let limit = self.limit();
         let floor = self.fresh_floor(limit);
-        let part = (slot % self.slots) as u64 * (limit - floor) as u64 / self.slots as u64;
-        let hint = floor + part as u32;
         let best = self.placement() & Placement::BEST_FIT_SPANS != 0;
         // Anywhere in the heap.
         let claim = || match best {
@@ -39,7 +37,11 @@ impl<W: Word> Heap<'_, W> {
         };
         let mut start = match best {
             true => map.claim_best(pages as u32, floor, limit),
-            false => map.claim_run_within(pages as u32, 1, floor, limit, hint),
+            false => {
+                // Only here: best fit takes no hint (two divisions).
+                let part = (slot % self.slots) as u64 * (limit - floor) as u64 / self.slots as u64;
+                map.claim_run_within(pages as u32, 1, floor, limit, floor + part as u32)
+            }
         };
         if start.is_none() && floor > 0 {
             // The last step's pages are taken: pages freed below it first,

@@ -594,9 +594,14 @@ impl<B: Backend> Pool<B> {
     /// more threads than cores can take a time slice. The pool's last try
     /// before it reports exhaustion waits ([`Pool::last_try`]).
     fn heap_block_now(&self, size: usize, slot: u32) -> Option<u64> {
-        without_transit_wait(|| self.heap().alloc(size, slot))
-            .ok()
-            .map(|p| p as usize as u64)
+        let heap = self.heap();
+        let p = match size <= MAX_CLASS_SIZE {
+            true => without_transit_wait(|| heap.alloc(size, slot)),
+            // A span's search never waits: no thread-local setting to
+            // change and restore.
+            false => heap.alloc(size, slot),
+        };
+        p.ok().map(|p| p as usize as u64)
     }
 
     /// The heap as it is now, then growth, then [`Pool::last_try`]: the
