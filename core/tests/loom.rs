@@ -451,3 +451,83 @@ fn fencing_closes_the_shrink_race() {
     );
     assert!(!shrink_can_unmap_a_claimed_page(true));
 }
+
+/// The last-resort scan (`Heap::reserve_by_scan_or_fail`) racing the
+/// retirement of the class's one page, all of whose blocks are free
+/// (`try_retire`, then `Heap::release_units` and `Heap::end_release`):
+/// the scan reads the count of ended releases, searches the page map (one
+/// bit here), then scans the descriptor until nothing is in transit. It
+/// must find the page's free blocks, or the units in the page map, or
+/// see the retirement end (and then find the units, as the caller's next
+/// search does); never report the class exhausted. `wait_retired`: a
+/// page whose count reads retired while its `kind` still names the class
+/// is in transit; `wait_release`: so is a release begun and not ended.
+/// Returns whether some interleaving reports exhaustion.
+fn a_scan_can_miss_a_retirement(wait_retired: bool, wait_release: bool) -> bool {
+    use cuheap_core::page::KIND_FREE;
+    use cuheap_core::sync::Ordering;
+    in_some_interleaving(move || {
+        let d = Arc::new(PageDesc::new());
+        d.activate(0, 1);
+        let units_back = Arc::new(AtomicU32::new(0));
+        let begun = Arc::new(AtomicU64::new(0));
+        let ended = Arc::new(AtomicU64::new(0));
+        let retirer = {
+            let (d, units_back) = (d.clone(), units_back.clone());
+            let (begun, ended) = (begun.clone(), ended.clone());
+            thread::spawn(move || {
+                assert!(d.try_retire(0, 1, false));
+                begun.fetch_add(1, Ordering::Relaxed);
+                d.kind.store(KIND_FREE, Ordering::Release);
+                units_back.store(1, Ordering::Release);
+                ended.fetch_add(1, Ordering::Release);
+            })
+        };
+        let before = ended.load(Ordering::Acquire);
+        let exhausted = 'scan: {
+            if units_back.load(Ordering::Acquire) == 1 {
+                break 'scan false;
+            }
+            loop {
+                let mut transit = false;
+                if d.kind.load(Ordering::Acquire) == 1 {
+                    let a = d.now();
+                    if a.live && a.free > 0 {
+                        break 'scan false;
+                    }
+                    transit = wait_retired && !a.live;
+                }
+                if !transit && wait_release {
+                    let e = ended.load(Ordering::Acquire);
+                    transit = begun.load(Ordering::Acquire) != e;
+                }
+                if !transit {
+                    break;
+                }
+                thread::yield_now();
+            }
+            if ended.load(Ordering::Acquire) != before {
+                assert_eq!(units_back.load(Ordering::Acquire), 1, "units back");
+                break 'scan false;
+            }
+            true
+        };
+        retirer.join().unwrap();
+        exhausted
+    })
+}
+
+/// Each wait closes one window of the retirement; without either, some
+/// interleaving reports the class exhausted, with both none does.
+#[test]
+fn a_scan_waits_out_a_retirement() {
+    assert!(
+        a_scan_can_miss_a_retirement(false, true),
+        "loom found no interleaving that loses without the wait for a retired page"
+    );
+    assert!(
+        a_scan_can_miss_a_retirement(true, false),
+        "loom found no interleaving that loses without the wait for a release"
+    );
+    assert!(!a_scan_can_miss_a_retirement(true, true));
+}
