@@ -86,9 +86,10 @@ pub struct Counters {
     /// block was live, so a warp counts with no wait.
     pub double_frees: AtomicU64,
     /// Passes of the last-resort scan, past its first short ones, that
-    /// yielded the CPU while free blocks of the class were in transit
-    /// between owners (on a host with `std` only: see `TRANSIT_WAIT` in
-    /// the heap's allocation path).
+    /// yielded the CPU while pages were in transit (free blocks of the
+    /// class between owners, pages between activation or retirement and
+    /// the next step, releases not ended; on a host with `std` only: see
+    /// `TRANSIT_WAIT` in the heap's allocation path).
     pub transit_waits: AtomicU64,
     /// Page releases begun ([`pages_retired`](Self::pages_retired) counts
     /// those that ended): a last-resort scan that reads more begun than

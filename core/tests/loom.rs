@@ -461,9 +461,11 @@ fn fencing_closes_the_shrink_race() {
 /// see the retirement end (and then find the units, as the caller's next
 /// search does); never report the class exhausted. `wait_retired`: a
 /// page whose count reads retired while its `kind` still names the class
-/// is in transit; `wait_release`: so is a release begun and not ended.
-/// Returns whether some interleaving reports exhaustion.
-fn a_scan_can_miss_a_retirement(wait_retired: bool, wait_release: bool) -> bool {
+/// is in transit; `wait_release`: so is a release begun and not ended;
+/// `count_first`: the count of ended releases is read before the search
+/// of the page map (else after it). Returns whether some interleaving
+/// reports exhaustion.
+fn a_scan_can_miss_a_retirement(wait_retired: bool, wait_release: bool, count_first: bool) -> bool {
     use cuheap_core::page::KIND_FREE;
     use cuheap_core::sync::Ordering;
     in_some_interleaving(move || {
@@ -483,10 +485,13 @@ fn a_scan_can_miss_a_retirement(wait_retired: bool, wait_release: bool) -> bool 
                 ended.fetch_add(1, Ordering::Release);
             })
         };
-        let before = ended.load(Ordering::Acquire);
+        let mut before = ended.load(Ordering::Acquire);
         let exhausted = 'scan: {
             if units_back.load(Ordering::Acquire) == 1 {
                 break 'scan false;
+            }
+            if !count_first {
+                before = ended.load(Ordering::Acquire);
             }
             loop {
                 let mut transit = false;
@@ -517,17 +522,22 @@ fn a_scan_can_miss_a_retirement(wait_retired: bool, wait_release: bool) -> bool 
     })
 }
 
-/// Each wait closes one window of the retirement; without either, some
-/// interleaving reports the class exhausted, with both none does.
+/// Each part closes one window of the retirement: without any one of
+/// them, some interleaving reports the class exhausted; with all three,
+/// none does.
 #[test]
 fn a_scan_waits_out_a_retirement() {
     assert!(
-        a_scan_can_miss_a_retirement(false, true),
+        a_scan_can_miss_a_retirement(false, true, true),
         "loom found no interleaving that loses without the wait for a retired page"
     );
     assert!(
-        a_scan_can_miss_a_retirement(true, false),
+        a_scan_can_miss_a_retirement(true, false, true),
         "loom found no interleaving that loses without the wait for a release"
     );
-    assert!(!a_scan_can_miss_a_retirement(true, true));
+    assert!(
+        a_scan_can_miss_a_retirement(true, true, false),
+        "loom found no interleaving that loses with the count read after the search"
+    );
+    assert!(!a_scan_can_miss_a_retirement(true, true, true));
 }

@@ -47,12 +47,12 @@ const NEAR_SLOTS: u32 = 4;
 const FAR_PROBES: u32 = 16;
 // `far_listed` names each probe, one bit of a u32.
 const _: () = assert!(FAR_PROBES == 16);
-/// Passes of the last-resort scan while it sees free blocks in transit,
-/// 64 spin hints apart (on a host with `std`, the first passes: see
+/// Passes of the last-resort scan while it sees pages in transit (see
+/// [`Scan::InTransit`]), 64 spin hints apart (on a host with `std`, the first passes: see
 /// [`TRANSIT_WAIT`]).
 const SCAN_ROUNDS: u32 = 8;
 /// On a host with `std`: how long the last-resort scan keeps waiting,
-/// yielding its CPU between passes, for free blocks in transit after
+/// yielding its CPU between passes, for pages in transit after
 /// [`SCAN_ROUNDS`] passes. A page is in transit for a few instructions of
 /// its holder's, unless the OS takes the holder's CPU away meanwhile:
 /// then for a time slice or more, and a scan of a few microseconds gave
@@ -88,7 +88,7 @@ pub fn without_transit_wait<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// The last-resort scan's wait between passes that saw free blocks in
+/// The last-resort scan's wait between passes that saw pages in
 /// transit: [`SCAN_ROUNDS`] short spins, then on a host with `std`
 /// yields until [`TRANSIT_WAIT`] has passed (each yield counted in
 /// [`Counters::transit_waits`]).
@@ -128,9 +128,12 @@ impl TransitWait {
 enum Scan {
     /// A page with free blocks is on a list now.
     Listed,
-    /// Pages with free blocks, none of which could be taken over.
+    /// Pages with free blocks, none of which could be taken over, or
+    /// pages of any class between activation or retirement and the next
+    /// step (whose units are on their way to this class or back to the
+    /// page map).
     InTransit,
-    /// No page of the class has a free block.
+    /// No page of the class has a free block, and no page is in transit.
     Nothing,
 }
 
@@ -612,9 +615,11 @@ impl<W: Word> Heap<'_, W> {
     /// reach.
     ///
     /// A page retired since `retired` was read ([`Heap::retired_count`],
-    /// before the caller's search of the page map) gave its units back to
-    /// the page map: then the caller searches again instead of failing. A
-    /// page on its way there (retired, its release not ended) counts as in
+    /// before the caller's search of the page map where it made one) gave
+    /// its units back to the page map: then the caller searches again
+    /// instead of failing (also after retirements of its own search's
+    /// scavenge: one more round, on a path that fails anyway). A page on
+    /// its way there (retired, its release not ended) counts as in
     /// transit: a scavenge may retire the very page this scan waited for.
     #[inline(never)]
     pub(super) fn reserve_by_scan_or_fail(
@@ -673,17 +678,19 @@ impl<W: Word> Heap<'_, W> {
         let mut listed = None;
         for (p, d) in pages.iter().enumerate() {
             let p = p as u32;
-            if d.kind.load(Ordering::Acquire) != class + 1 {
-                continue;
+            let kind = d.kind.load(Ordering::Acquire);
+            if !(1..=CLASS_COUNT as u32).contains(&kind) {
+                continue; // not a class page's head
             }
             let now = d.now();
             if !now.live {
-                // Being activated, or retired with its units not yet
+                // A page of any class between its `kind` store and its
+                // count's activation, or retired with its units not yet
                 // released (see `release_units`): in transit.
                 seen = Scan::InTransit;
                 continue;
             }
-            if now.free <= 0 {
+            if kind != class + 1 || now.free <= 0 {
                 continue;
             }
             if !d.now().floating {
@@ -800,24 +807,26 @@ mod tests {
     use crate::sync::Ordering;
     use std::time::{Duration, Instant};
 
-    /// Allocates 256 B from slot 1 on another thread and, once that
-    /// allocation has waited for free blocks in transit, runs `release`,
+    /// Allocates `size` bytes from slot 1 on another thread and, once that
+    /// allocation has waited for the page in transit, runs `release`,
     /// which lets the page go; `release`'s argument waits until the
-    /// allocation waits again (true) or has ended (false). Asserts that it
-    /// waited at first; returns what it got. `release` runs either way, so
-    /// that a failing test ends instead of leaving the allocation waiting.
+    /// allocation waits again after a whole pass that began after the
+    /// call (true) or has ended (false). Asserts that it waited at first;
+    /// returns what it got.
     fn alloc_while_held(
         heap: &Heap<'_, u32>,
+        size: usize,
         release: impl FnOnce(&dyn Fn() -> bool),
     ) -> Result<usize, AllocError> {
         let waits = || heap.counters().transit_waits.load(Ordering::Relaxed);
-        let (waited, got) = std::thread::scope(|sc| {
+        std::thread::scope(|sc| {
             let before = waits();
-            let other = sc.spawn(|| heap.alloc(256, 1).map(|p| p as usize));
-            // The count past `from` within 10 s, while the allocation runs.
-            let past = |from: u64| {
+            let other = sc.spawn(|| heap.alloc(size, 1).map(|p| p as usize));
+            // The count `n` past `from` within 10 s, while the allocation
+            // runs.
+            let past = |from: u64, n: u64| {
                 let t = Instant::now();
-                while waits() == from {
+                while waits() < from + n {
                     if other.is_finished() || t.elapsed() > Duration::from_secs(10) {
                         return false;
                     }
@@ -825,12 +834,13 @@ mod tests {
                 }
                 true
             };
-            let waited = past(before);
-            release(&|| past(waits()));
-            (waited, other.join().unwrap())
-        });
-        assert!(waited, "the allocation never waited for the page");
-        got
+            // Asserted before `release`: an allocation that did not wait
+            // has ended (or gives up within its bound once this panics).
+            assert!(past(before, 1), "the allocation never waited for the page");
+            // Two: the first may end a pass that began before the call.
+            release(&|| past(waits(), 2));
+            other.join().unwrap()
+        })
     }
 
     /// A heap of one page of 256 B blocks, one block taken by slot 0, and
@@ -858,7 +868,13 @@ mod tests {
     fn free_both(heap: &Heap<'_, u32>, first: *mut u8, second: usize) {
         assert_ne!(second, first as usize);
         heap.free(first, 0).unwrap();
-        heap.free(second as *mut u8, 1).unwrap();
+        free_last(heap, second);
+    }
+
+    /// Frees the last block, taken from slot 1, and checks the heap ends
+    /// empty and sound.
+    fn free_last(heap: &Heap<'_, u32>, p: usize) {
+        heap.free(p as *mut u8, 1).unwrap();
         heap.check_invariants().unwrap();
         assert!(heap.stats().is_empty());
     }
@@ -873,7 +889,7 @@ mod tests {
         let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
         let heap = owned.heap();
         let (page, first) = one_page_in_transit(&heap);
-        let second = alloc_while_held(&heap, |_| {
+        let second = alloc_while_held(&heap, 256, |_| {
             // The holder settles the page, as `reserve` does after it.
             let a = heap.descs()[page as usize].float();
             heap.settle(page, a, 0);
@@ -904,45 +920,71 @@ mod tests {
         let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
         let heap = owned.heap();
         let page = one_page_off_its_list(&heap);
-        let got = alloc_while_held(&heap, |_| {
+        let got = alloc_while_held(&heap, 256, |_| {
             // The scavenge puts the page back on its list.
             let class = class_of(256).unwrap();
             heap.list(class, 0).push(page, heap.next_of());
         });
-        let p = got.expect("a block once the page was listed again, not a null");
-        heap.free(p as *mut u8, 1).unwrap();
-        heap.check_invariants().unwrap();
-        assert!(heap.stats().is_empty());
+        free_last(
+            &heap,
+            got.expect("a block once the page was listed again, not a null"),
+        );
     }
 
-    /// The page a scavenge holds off its list is empty, and the scavenge
-    /// retires it while the allocation waits for it. The allocation keeps
-    /// waiting while the page reads as retired with its units not yet
-    /// released, and while the release is counted as begun and not ended
-    /// (once it failed in either window: the scan found no page of the
-    /// class with free blocks and no retirement ended); once the release
-    /// ends it searches again and takes the units given back.
-    #[test]
-    #[cfg_attr(miri, ignore)] // as above
-    fn an_allocation_takes_the_page_a_scavenge_retires_while_it_waits() {
+    /// The heap's one page, of 256 B blocks and all free, is off its list
+    /// in a scavenge that retires it, while an allocation of `size` bytes
+    /// runs out (from before the retirement, or with `retired_first` from
+    /// once the page reads retired). The allocation keeps waiting while
+    /// the page reads retired with its units not yet released, and while
+    /// the release is counted as begun and not ended (once it failed in
+    /// either window: the scan found no page with free blocks and no
+    /// retirement ended); once the release ends it searches again and
+    /// takes the units given back.
+    fn alloc_while_a_page_retires(size: usize, retired_first: bool) {
         let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
         let heap = owned.heap();
         let page = one_page_off_its_list(&heap);
-        let got = alloc_while_held(&heap, |waits_again| {
-            let class = class_of(256).unwrap();
-            let cap = heap.geometry().blocks_per_page(class);
-            assert!(heap.descs()[page as usize].try_retire(class, cap, false));
-            let retired = waits_again();
+        let units = heap.geometry().page_units(class_of(size).unwrap());
+        assert_eq!(units, 1, "a page of the size fits in the heap");
+        let class = class_of(256).unwrap();
+        let cap = heap.geometry().blocks_per_page(class);
+        let retire = || assert!(heap.descs()[page as usize].try_retire(class, cap, false));
+        if retired_first {
+            retire();
+        }
+        let got = alloc_while_held(&heap, size, |waits_again| {
+            let retired = retired_first || {
+                retire();
+                waits_again()
+            };
             heap.release_units(page, class);
             let released = waits_again();
             heap.end_release();
             assert!(retired, "the allocation gave up on the retired page");
             assert!(released, "the allocation gave up on a release not ended");
         });
-        let p = got.expect("a block from the retired page's units, not a null");
-        heap.free(p as *mut u8, 1).unwrap();
-        heap.check_invariants().unwrap();
-        assert!(heap.stats().is_empty());
+        free_last(
+            &heap,
+            got.expect("a block from the retired page's units, not a null"),
+        );
+    }
+
+    /// The allocation waits for the page of its class off its list, and
+    /// the scavenge retires that page meanwhile.
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn an_allocation_takes_the_page_a_scavenge_retires_while_it_waits() {
+        alloc_while_a_page_retires(256, false);
+    }
+
+    /// A page of another class (128 B blocks, whose pages also take one
+    /// unit) is waited for the same way: its units are on their way back
+    /// to the page map, where the allocation then takes them for a page
+    /// of its class.
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn an_allocation_waits_for_another_class_s_page_being_retired() {
+        alloc_while_a_page_retires(128, true);
     }
 
     /// With [`without_transit_wait`], the allocation gives up on the page

@@ -97,7 +97,7 @@ impl<W: Word> Heap<'_, W> {
     /// to [`Heap::end_release`]); counted before the store (which
     /// releases), so a scan that reads `KIND_FREE` reads the count too.
     pub(super) fn release_units(&self, page: u32, class: u32) {
-        // An RMW, not a reduction: the release store below orders it.
+        // Before the `kind` stores, whose release publishes it.
         self.counters()
             .releases_begun
             .fetch_add(1, Ordering::Relaxed);
