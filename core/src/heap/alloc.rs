@@ -630,15 +630,13 @@ impl<W: Word> Heap<'_, W> {
     ) -> Result<(), AllocError> {
         let mut wait = TransitWait::default();
         loop {
-            let scan = match self.scan_for_free(class, slot) {
-                Scan::Nothing if self.releasing() => Scan::InTransit,
-                scan => scan,
-            };
-            match scan {
+            match self.scan_for_free(class, slot) {
                 Scan::Listed => return Ok(()),
-                Scan::Nothing => break,
-                Scan::InTransit if wait.again(self.counters()) => {}
-                Scan::InTransit => break,
+                // Nothing, and no release under way: nothing to wait for.
+                Scan::Nothing if !self.releasing() => break,
+                // In transit, or a release under way.
+                _ if wait.again(self.counters()) => {}
+                _ => break,
             }
         }
         match self.retired_count() != retired {
@@ -693,7 +691,7 @@ impl<W: Word> Heap<'_, W> {
             if kind != class + 1 || now.free <= 0 {
                 continue;
             }
-            if !d.now().floating {
+            if !now.floating {
                 // Attached to a slot (or listed): detach it from whichever
                 // slot holds it; the winner of that CAS floats it.
                 let held = (0..self.slots).any(|s| {
