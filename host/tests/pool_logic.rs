@@ -974,6 +974,69 @@ fn a_stream_waits_once_for_memory_another_shed() {
     a.finish();
 }
 
+/// A stream that sheds sees its own guard at once, but only when no other
+/// stream's guard is newer than what it has seen: A sheds after B, and a
+/// block over both sheds still waits for B's work; once A has waited
+/// (and shed again), B's next shed makes it wait again, for B's new work.
+#[test]
+fn shedding_after_another_stream_still_waits_for_its_shed() {
+    let cfg = PoolConfig {
+        initial: 2 * MIB,
+        chunk: 2 * MIB,
+        stream_cache_limit: 64 * KIB,
+        ..PoolConfig::new(2 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, 2 * MIB), cfg).unwrap();
+    let (a, b) = (HostStream::new(), HostStream::new());
+    // Half of the memory each; each stream's work holds its half.
+    let sixteen = |s: &HostStream| -> Vec<u64> {
+        (0..16).map(|_| pool.alloc(64 * KIB, s).unwrap()).collect()
+    };
+    let shed = |s: &HostStream, blocks: Vec<u64>| -> u64 {
+        s.hold();
+        let used = s.enqueue();
+        for p in blocks {
+            pool.free(p, s).unwrap();
+        }
+        used
+    };
+    let (on_a, on_b) = (sixteen(&a), sixteen(&b));
+    let b_used = shed(&b, on_b);
+    shed(&a, on_a); // after B's shed
+    let retires = pool.stats().retires;
+    assert!(retires >= 2, "both caches shed: {retires}");
+    let whole = pool.alloc(2 * MIB, &a).unwrap();
+    assert_eq!(
+        a.waits(),
+        vec![Recorded {
+            stream: b.id(),
+            work: b_used
+        }],
+        "A's own shed came last, yet B's memory needs B's work"
+    );
+    // A sheds the whole again: it has seen B's guard, so its own is seen
+    // at once. B takes it back (after A's work), holds new work and sheds
+    // again: A waits for that new work.
+    a.finish();
+    pool.free(whole, &a).unwrap();
+    let on_b = sixteen(&b);
+    let b_used = shed(&b, on_b);
+    b.enqueue();
+    let whole = pool.alloc(2 * MIB, &a).unwrap();
+    assert_eq!(
+        a.waits().last(),
+        Some(&Recorded {
+            stream: b.id(),
+            work: b_used
+        }),
+        "B's second shed is newer than what A has seen: {:?}",
+        a.waits()
+    );
+    assert_eq!(pool.backend().counts().event_syncs, 0, "no host wait");
+    b.finish();
+    pool.free(whole, &a).unwrap();
+}
+
 /// A pool of 2 MiB chunks, one mapped at first, whose stream caches hold
 /// at most 64 KiB (a larger block is shed to the heap at its free).
 fn shedding_pool() -> Pool<HostBackend> {

@@ -19,6 +19,14 @@
 //!   after the allocation), so `T` sees the stamp. A block whose pages
 //!   carry no new stamp came from memory no stream shed since `T` looked:
 //!   no wait, so streams are not tied to each other's work for nothing.
+//! - Most allocations read no stamp: the newest generation published is
+//!   also kept apart ([`Guards::order`] compares it with what `T` has
+//!   seen first), and a stream that publishes while no other stream's
+//!   guard is newer than what it has seen sees its own generation at once
+//!   (it never waits for itself). A stream alone, or the only one
+//!   shedding, thus never reads the stamps (one cache miss per
+//!   allocation over a large heap: 42% of the misses of the pool's
+//!   mixed-size case, by a cache simulation).
 //! - Guards are keyed by the cache's serial, never reused (a stream
 //!   handle can be). A cache the pool forgets leaves its guard as an
 //!   orphan, which every stream still orders after until its work is done.
@@ -50,6 +58,9 @@ pub(super) struct Guards<B: Backend> {
     /// Per page of the heap: the generation of the last guarded shed of a
     /// block on it.
     stamps: Vec<AtomicU64>,
+    /// The newest generation published (`State::gen`, stored under the
+    /// lock before the stamps of its shed).
+    newest: AtomicU64,
 }
 
 impl<B: Backend> Guards<B> {
@@ -61,20 +72,24 @@ impl<B: Backend> Guards<B> {
                 entries: Vec::new(),
             }),
             stamps: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+            newest: AtomicU64::new(0),
         }
     }
 
     /// Records the work enqueued on `stream` (the stream of cache
-    /// `serial`) so far as its guard; returns its generation, for
-    /// [`Guards::stamp`]. Call it before freeing to the heap the blocks
-    /// that work used; on an error nothing is published and the blocks
-    /// must not be freed.
+    /// `serial`, which has seen generation `seen`) so far as its guard;
+    /// returns its generation, for [`Guards::stamp`]. Call it before
+    /// freeing to the heap the blocks that work used; on an error nothing
+    /// is published and the blocks must not be freed. When no other
+    /// stream's guard is newer than `seen`, `seen` rises to the new
+    /// generation: the stream is ordered after every guard but its own.
     pub(super) fn publish(
         &self,
         backend: &B,
         events: &EventPool<B>,
         serial: u64,
         stream: &B::Stream,
+        seen: &AtomicU64,
     ) -> Result<u64> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Orphans whose work is done guard nothing any more.
@@ -103,6 +118,21 @@ impl<B: Backend> Guards<B> {
         st.gen += 1;
         let gen = st.gen;
         st.entries[at].gen = gen;
+        // Before the stamps (the caller's release fence then orders both
+        // before the frees that a taker's acquire fence pairs with).
+        self.newest.store(gen, Ordering::Relaxed);
+        // Raised under the lock, as `order` raises it: no guard published
+        // meanwhile is missed.
+        let others = st
+            .entries
+            .iter()
+            .filter(|e| e.cache != Some(serial))
+            .map(|e| e.gen)
+            .max()
+            .unwrap_or(0);
+        if others <= seen.load(Ordering::Acquire) {
+            seen.fetch_max(gen, Ordering::AcqRel);
+        }
         Ok(gen)
     }
 
@@ -153,6 +183,11 @@ impl<B: Backend> Guards<B> {
         // heap's atomics on the block just taken.
         fence(Ordering::Acquire);
         let since = seen.load(Ordering::Acquire);
+        // Every stamp is at most the newest generation, which the fence
+        // shows at least as new as the stamps of the block's last shed.
+        if self.newest.load(Ordering::Relaxed) <= since {
+            return Ok(());
+        }
         let newest = self.stamps[from..to.min(self.stamps.len())]
             .iter()
             .map(|s| s.load(Ordering::Relaxed))

@@ -727,9 +727,13 @@ impl<B: Backend> Pool<B> {
     fn shed(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>, keep: usize) {
         let blocks = c.shed(keep);
         if !blocks.is_empty() {
-            let guarded = self
-                .guards
-                .publish(self.backend(), &self.events, sc.serial, &sc.stream);
+            let guarded = self.guards.publish(
+                self.backend(),
+                &self.events,
+                sc.serial,
+                &sc.stream,
+                &sc.seen,
+            );
             if let Ok(gen) = guarded {
                 self.bump(RETIRES);
                 let heap = self.heap();
