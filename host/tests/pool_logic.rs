@@ -1037,6 +1037,47 @@ fn shedding_after_another_stream_still_waits_for_its_shed() {
     pool.free(whole, &a).unwrap();
 }
 
+/// A forgotten stream's guard (an orphan, its work still running) keeps
+/// a stream that sheds after it from seeing its own guard at once: a
+/// block over both sheds waits for the forgotten stream's work.
+#[test]
+fn shedding_after_a_forgotten_stream_still_waits_for_its_work() {
+    let cfg = PoolConfig {
+        initial: 2 * MIB,
+        chunk: 2 * MIB,
+        stream_cache_limit: 64 * KIB,
+        ..PoolConfig::new(2 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, 2 * MIB), cfg).unwrap();
+    let (s, t) = (HostStream::new(), HostStream::new());
+    let sixteen = |on: &HostStream| -> Vec<u64> {
+        (0..16).map(|_| pool.alloc(64 * KIB, on).unwrap()).collect()
+    };
+    let (on_s, on_t) = (sixteen(&s), sixteen(&t));
+    s.hold();
+    let s_used = s.enqueue();
+    for p in on_s {
+        pool.free(p, &s).unwrap();
+    }
+    // S's cache shed everything: no host wait, and its guard is an orphan.
+    pool.release_stream(&s).unwrap();
+    assert_eq!(pool.backend().counts().event_syncs, 0, "no host wait");
+    for p in on_t {
+        pool.free(p, &t).unwrap(); // T sheds after S was forgotten
+    }
+    let whole = pool.alloc(2 * MIB, &t).unwrap();
+    assert_eq!(
+        t.waits(),
+        vec![Recorded {
+            stream: s.id(),
+            work: s_used
+        }],
+        "T shed after S was forgotten, yet S's memory needs S's work"
+    );
+    s.finish();
+    pool.free(whole, &t).unwrap();
+}
+
 /// A pool of 2 MiB chunks, one mapped at first, whose stream caches hold
 /// at most 64 KiB (a larger block is shed to the heap at its free).
 fn shedding_pool() -> Pool<HostBackend> {

@@ -23,9 +23,10 @@
 //!   also kept apart ([`Guards::order`] compares it with what `T` has
 //!   seen first), and a stream that publishes while no other stream's
 //!   guard is newer than what it has seen sees its own generation at once
-//!   (it never waits for itself). A stream alone, or the only one
-//!   shedding, thus never reads the stamps (one cache miss per
-//!   allocation over a large heap: 42% of the misses of the pool's
+//!   (it never waits for itself; a forgotten stream's guard, an orphan,
+//!   counts as another stream's). A stream alone, or the only one
+//!   shedding, thus reads no stamp (one cache miss per allocation over a
+//!   large heap: 42% of the last-level read misses of the pool's
 //!   mixed-size case, by a cache simulation).
 //! - Guards are keyed by the cache's serial, never reused (a stream
 //!   handle can be). A cache the pool forgets leaves its guard as an
@@ -119,8 +120,9 @@ impl<B: Backend> Guards<B> {
         let gen = st.gen;
         st.entries[at].gen = gen;
         // Before the stamps (the caller's release fence then orders both
-        // before the frees that a taker's acquire fence pairs with).
-        self.newest.store(gen, Ordering::Relaxed);
+        // before the frees that a taker's acquire fence pairs with); a
+        // maximum, so it never goes back whoever stores it.
+        self.newest.fetch_max(gen, Ordering::Relaxed);
         // Raised under the lock, as `order` raises it: no guard published
         // meanwhile is missed.
         let others = st
