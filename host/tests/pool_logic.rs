@@ -893,18 +893,29 @@ fn a_dropped_streams_blocks_wait_for_its_running_work() {
     assert_eq!(pool.stats().retired, 0);
 }
 
-/// A pool with a 64 KiB cache bound, 2 MiB of memory in all, and A's work
-/// held: what A sheds is the only memory left.
-fn full_pool_with_shed_blocks() -> (Arc<Pool<HostBackend>>, HostStream, Vec<u64>, u64) {
+/// A pool of 2 MiB in all (one chunk, mapped at creation) whose stream
+/// caches hold at most 64 KiB: what a stream frees past that is shed.
+fn two_mib_pool() -> Pool<HostBackend> {
     let cfg = PoolConfig {
         initial: 2 * MIB,
         chunk: 2 * MIB,
         stream_cache_limit: 64 * KIB,
         ..PoolConfig::new(2 * MIB)
     };
-    let pool = Arc::new(Pool::with_backend(HostBackend::new(64 * KIB, 2 * MIB), cfg).unwrap());
+    Pool::with_backend(HostBackend::new(64 * KIB, 2 * MIB), cfg).unwrap()
+}
+
+/// `n` blocks of `size` bytes allocated on `on`.
+fn blocks_of(pool: &Pool<HostBackend>, n: usize, size: usize, on: &HostStream) -> Vec<u64> {
+    (0..n).map(|_| pool.alloc(size, on).unwrap()).collect()
+}
+
+/// A pool with a 64 KiB cache bound, 2 MiB of memory in all, and A's work
+/// held: what A sheds is the only memory left.
+fn full_pool_with_shed_blocks() -> (Arc<Pool<HostBackend>>, HostStream, Vec<u64>, u64) {
+    let pool = Arc::new(two_mib_pool());
     let a = HostStream::new();
-    let blocks: Vec<u64> = (0..32).map(|_| pool.alloc(64 * KIB, &a).unwrap()).collect();
+    let blocks = blocks_of(&pool, 32, 64 * KIB, &a);
     a.hold();
     let used = a.enqueue(); // a kernel on A still uses every block
     for &p in &blocks {
@@ -980,18 +991,10 @@ fn a_stream_waits_once_for_memory_another_shed() {
 /// (and shed again), B's next shed makes it wait again, for B's new work.
 #[test]
 fn shedding_after_another_stream_still_waits_for_its_shed() {
-    let cfg = PoolConfig {
-        initial: 2 * MIB,
-        chunk: 2 * MIB,
-        stream_cache_limit: 64 * KIB,
-        ..PoolConfig::new(2 * MIB)
-    };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, 2 * MIB), cfg).unwrap();
+    let pool = two_mib_pool();
     let (a, b) = (HostStream::new(), HostStream::new());
     // Half of the memory each; each stream's work holds its half.
-    let sixteen = |s: &HostStream| -> Vec<u64> {
-        (0..16).map(|_| pool.alloc(64 * KIB, s).unwrap()).collect()
-    };
+    let sixteen = |on: &HostStream| blocks_of(&pool, 16, 64 * KIB, on);
     let shed = |s: &HostStream, blocks: Vec<u64>| -> u64 {
         s.hold();
         let used = s.enqueue();
@@ -1042,17 +1045,9 @@ fn shedding_after_another_stream_still_waits_for_its_shed() {
 /// block over both sheds waits for the forgotten stream's work.
 #[test]
 fn shedding_after_a_forgotten_stream_still_waits_for_its_work() {
-    let cfg = PoolConfig {
-        initial: 2 * MIB,
-        chunk: 2 * MIB,
-        stream_cache_limit: 64 * KIB,
-        ..PoolConfig::new(2 * MIB)
-    };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, 2 * MIB), cfg).unwrap();
+    let pool = two_mib_pool();
     let (s, t) = (HostStream::new(), HostStream::new());
-    let sixteen = |on: &HostStream| -> Vec<u64> {
-        (0..16).map(|_| pool.alloc(64 * KIB, on).unwrap()).collect()
-    };
+    let sixteen = |on: &HostStream| blocks_of(&pool, 16, 64 * KIB, on);
     let (on_s, on_t) = (sixteen(&s), sixteen(&t));
     s.hold();
     let s_used = s.enqueue();
