@@ -910,17 +910,26 @@ fn blocks_of(pool: &Pool<HostBackend>, n: usize, size: usize, on: &HostStream) -
     (0..n).map(|_| pool.alloc(size, on).unwrap()).collect()
 }
 
+/// Holds `on`'s work from now on, enqueues a kernel that uses `blocks`,
+/// then frees them on `on` (past the cache bound they are shed); returns
+/// that kernel's work count.
+fn free_under_held_work(pool: &Pool<HostBackend>, on: &HostStream, blocks: &[u64]) -> u64 {
+    on.hold();
+    let used = on.enqueue();
+    for &p in blocks {
+        pool.free(p, on).unwrap();
+    }
+    used
+}
+
 /// A pool with a 64 KiB cache bound, 2 MiB of memory in all, and A's work
 /// held: what A sheds is the only memory left.
 fn full_pool_with_shed_blocks() -> (Arc<Pool<HostBackend>>, HostStream, Vec<u64>, u64) {
     let pool = Arc::new(two_mib_pool());
     let a = HostStream::new();
     let blocks = blocks_of(&pool, 32, 64 * KIB, &a);
-    a.hold();
-    let used = a.enqueue(); // a kernel on A still uses every block
-    for &p in &blocks {
-        pool.free(p, &a).unwrap();
-    }
+    // A kernel on A still uses every block.
+    let used = free_under_held_work(&pool, &a, &blocks);
     assert!(pool.stats().retires >= 1, "the cache shed");
     (pool, a, blocks, used)
 }
@@ -995,17 +1004,9 @@ fn shedding_after_another_stream_still_waits_for_its_shed() {
     let (a, b) = (HostStream::new(), HostStream::new());
     // Half of the memory each; each stream's work holds its half.
     let sixteen = |on: &HostStream| blocks_of(&pool, 16, 64 * KIB, on);
-    let shed = |s: &HostStream, blocks: Vec<u64>| -> u64 {
-        s.hold();
-        let used = s.enqueue();
-        for p in blocks {
-            pool.free(p, s).unwrap();
-        }
-        used
-    };
     let (on_a, on_b) = (sixteen(&a), sixteen(&b));
-    let b_used = shed(&b, on_b);
-    shed(&a, on_a); // after B's shed
+    let b_used = free_under_held_work(&pool, &b, &on_b);
+    free_under_held_work(&pool, &a, &on_a); // after B's shed
     let retires = pool.stats().retires;
     assert!(retires >= 2, "both caches shed: {retires}");
     let whole = pool.alloc(2 * MIB, &a).unwrap();
@@ -1022,8 +1023,7 @@ fn shedding_after_another_stream_still_waits_for_its_shed() {
     // again: A waits for that new work.
     a.finish();
     pool.free(whole, &a).unwrap();
-    let on_b = sixteen(&b);
-    let b_used = shed(&b, on_b);
+    let b_used = free_under_held_work(&pool, &b, &sixteen(&b));
     b.enqueue();
     let whole = pool.alloc(2 * MIB, &a).unwrap();
     assert_eq!(
@@ -1049,11 +1049,7 @@ fn shedding_after_a_forgotten_stream_still_waits_for_its_work() {
     let (s, t) = (HostStream::new(), HostStream::new());
     let sixteen = |on: &HostStream| blocks_of(&pool, 16, 64 * KIB, on);
     let (on_s, on_t) = (sixteen(&s), sixteen(&t));
-    s.hold();
-    let s_used = s.enqueue();
-    for p in on_s {
-        pool.free(p, &s).unwrap();
-    }
+    let s_used = free_under_held_work(&pool, &s, &on_s);
     // S's cache shed everything: no host wait, and its guard is an orphan.
     pool.release_stream(&s).unwrap();
     assert_eq!(pool.backend().counts().event_syncs, 0, "no host wait");
