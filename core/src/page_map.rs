@@ -29,7 +29,7 @@
 //! only costs the load of the word.
 
 use crate::run_index::{Fit, RunIndex};
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{add_relaxed, AtomicU32, AtomicU64, Ordering};
 
 /// Whether class pages on an indexed map take the lowest fit.
 const LOW: bool = true;
@@ -44,6 +44,9 @@ pub struct PageMap<'a> {
     /// read it instead of the words. Never on the GPU.
     #[cfg(not(target_arch = "nvptx64"))]
     runs: Option<RunIndex<'a>>,
+    /// Where this view counts its claims as begun (see
+    /// [`PageMap::counting`]); none on most views.
+    begun: Option<&'a AtomicU64>,
 }
 
 #[inline(always)]
@@ -78,6 +81,38 @@ impl<'a> PageMap<'a> {
             used,
             #[cfg(not(target_arch = "nvptx64"))]
             runs: None,
+            begun: None,
+        }
+    }
+
+    /// This view, counting in `begun` each claim it makes, before the
+    /// read-modify-write (or, on an indexed map, the store under the
+    /// lock) that takes the pages, and taking the count back when the
+    /// claim loses them: a search that finds the pages taken, and then
+    /// reads the counter, sees the claim counted. A heap counts its
+    /// class pages' activations so, until their descriptors name their
+    /// class (see `Heap::claim_units`).
+    pub fn counting(self, begun: &'a AtomicU64) -> Self {
+        Self {
+            begun: Some(begun),
+            ..self
+        }
+    }
+
+    /// Counts a claim as begun (see [`PageMap::counting`]).
+    #[inline(always)]
+    fn begin_claim(&self) {
+        if let Some(c) = self.begun {
+            // Relaxed: the claiming write after it releases.
+            add_relaxed(c, 1);
+        }
+    }
+
+    /// Takes back the count of a claim that lost its pages.
+    #[inline(always)]
+    fn abandon_claim(&self) {
+        if let Some(c) = self.begun {
+            c.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -287,11 +322,13 @@ impl<'a> PageMap<'a> {
                 if w * 32 + bit >= limit {
                     break;
                 }
+                self.begin_claim();
                 let old = cell.fetch_or(1 << bit, Ordering::AcqRel);
                 if old & (1 << bit) == 0 {
                     self.claimed(w, old, 1 << bit);
                     return Some(w * 32 + bit);
                 }
+                self.abandon_claim();
                 cur = old;
             }
             w += 1;
@@ -501,10 +538,12 @@ impl<'a> PageMap<'a> {
                 if let Some(used) = (start..start + len).find(|&p| self.is_set(p)) {
                     return Err(used);
                 }
+                self.begin_claim();
                 self.take(r, self.fit_at(r, start), len);
                 Ok(())
             });
         }
+        self.begin_claim();
         let mut p = start;
         while p < start + len {
             let from = p % 32;
@@ -519,6 +558,7 @@ impl<'a> PageMap<'a> {
                 if p > start {
                     self.release_run(start, p - start);
                 }
+                self.abandon_claim();
                 return Err(p + (old & m).trailing_zeros() - from);
             }
             self.claimed(p / 32, old, m);
@@ -585,6 +625,7 @@ impl<'a> PageMap<'a> {
                         .map(|at| self.fit_at(r, at))
                 }),
             }?;
+            self.begin_claim();
             self.take(r, fit, len);
             Some(fit.at)
         })
@@ -1079,5 +1120,35 @@ mod tests {
         m.release_run(0, 73);
         assert!(w.iter().all(|x| x.load(Ordering::Relaxed) == 0));
         assert!(m.summary_is_exact());
+    }
+
+    /// A counting view counts each claim it makes, once, and takes back
+    /// the count of one that lost its pages; searches that find nothing
+    /// count nothing. With and without an index of free runs.
+    #[test]
+    fn a_counting_view_counts_the_claims_that_keep_their_pages() {
+        let pages = 4 * 32;
+        let (w, f) = zeroed(pages);
+        let (wi, fi, zi) = zeroed_indexed(pages);
+        let plain = PageMap::new(&w, &f);
+        let with_index = indexed(&wi, &fi, &zi, pages);
+        for m in [plain, with_index] {
+            let begun = AtomicU64::new(0);
+            let m = m.counting(&begun);
+            let count = || begun.load(Ordering::Relaxed);
+            assert_eq!(m.claim_one(0, pages), Some(0));
+            assert_eq!(count(), 1);
+            assert_eq!(m.claim_run_aligned(4, 4, pages, 0), Some(4));
+            assert_eq!(count(), 2);
+            assert_eq!(m.try_claim(70, 3), Ok(()));
+            assert_eq!(count(), 3);
+            // Takes words 0 and 1 of the run, then finds page 70 in use
+            // (on the plain map) and gives them back: no count.
+            assert_eq!(m.try_claim(40, 40), Err(70));
+            assert_eq!(count(), 3);
+            assert_eq!(m.claim_run(200, pages, 0), None);
+            assert_eq!(count(), 3);
+            assert!((40..70).all(|p| !m.is_set(p)));
+        }
     }
 }

@@ -95,6 +95,12 @@ pub struct Counters {
     /// those that ended): a last-resort scan that reads more begun than
     /// ended waits for the units on their way back to the page map.
     pub releases_begun: AtomicU64,
+    /// Class-page activations begun, counted before the claim of their
+    /// units in the page map ([`pages_activated`](Self::pages_activated)
+    /// counts those that ended; a claim that loses its units takes its
+    /// count back): a last-resort scan that reads more begun than ended
+    /// waits for the page to show its class.
+    pub activations_begun: AtomicU64,
 }
 
 impl Counters {
@@ -149,6 +155,7 @@ impl Counters {
             double_frees: AtomicU64::new(0),
             transit_waits: AtomicU64::new(0),
             releases_begun: AtomicU64::new(0),
+            activations_begun: AtomicU64::new(0),
         }
     }
 

@@ -36,6 +36,22 @@ pub fn add_relaxed(c: &AtomicU64, v: u64) {
     c.fetch_add(v, Ordering::Relaxed);
 }
 
+/// An acquire fence: the relaxed loads before it synchronise with the
+/// release writes they read (on the GPU `fence.acq_rel.gpu`, which PTX
+/// offers for acquire; under loom, loom's fence).
+#[inline(always)]
+pub fn acquire_fence() {
+    #[cfg(loom)]
+    loom::sync::atomic::fence(Ordering::Acquire);
+    #[cfg(all(not(loom), target_arch = "nvptx64", not(cuheap_sys_atomics)))]
+    // SAFETY: a fence reads and writes no memory of its own.
+    unsafe {
+        core::arch::asm!("fence.acq_rel.gpu;")
+    };
+    #[cfg(all(not(loom), any(not(target_arch = "nvptx64"), cuheap_sys_atomics)))]
+    core::sync::atomic::fence(Ordering::Acquire);
+}
+
 /// Spin-loop hint for retry loops (a no-op on the GPU; yields under loom).
 #[inline(always)]
 pub fn spin_hint() {

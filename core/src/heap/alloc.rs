@@ -6,7 +6,7 @@ use super::{AllocError, Heap, Placement};
 use crate::page::{STATE_ATTACHED, STATE_LISTED};
 use crate::size_class::{class_of, class_of_aligned, valid_align, CLASS_COUNT};
 use crate::stats::Counters;
-use crate::sync::{spin_hint, Ordering};
+use crate::sync::{acquire_fence, spin_hint, Ordering};
 use crate::word::Word;
 
 /// Blocks of one class reserved on one page, not yet claimed.
@@ -578,10 +578,13 @@ impl<W: Word> Heap<'_, W> {
     }
 
     /// Claims `units` free consecutive units in `floor..limit` from the
-    /// page map.
+    /// page map, for a class page that the caller then activates: the
+    /// activation is counted as begun before the claim takes the units
+    /// and as ended by [`Heap::activate`], so a last-resort scan that
+    /// found them taken waits until the page names its class.
     #[inline(never)]
     fn claim_units(&self, units: u32, hint: u32, floor: u32, limit: u32) -> Option<u32> {
-        let map = self.map();
+        let map = self.map().counting(&self.counters().activations_begun);
         // Aligned to the largest power of two that divides the page's
         // units: pages of 2, 4, 8 and 16 units tile aligned blocks of their
         // size, as in a buddy allocator, so an emptied heap has room for
@@ -621,6 +624,9 @@ impl<W: Word> Heap<'_, W> {
     /// scavenge: one more round, on a path that fails anyway). A page on
     /// its way there (retired, its release not ended) counts as in
     /// transit: a scavenge may retire the very page this scan waited for.
+    /// So is a page whose units the caller's search found taken while its
+    /// descriptor does not name its class yet: an activation counted as
+    /// begun and not ended ([`Heap::claim_units`]).
     #[inline(never)]
     pub(super) fn reserve_by_scan_or_fail(
         &self,
@@ -628,13 +634,20 @@ impl<W: Word> Heap<'_, W> {
         slot: u32,
         retired: u64,
     ) -> Result<(), AllocError> {
+        // The search's loads of the page map were relaxed: the counts of
+        // the activations whose claims it saw are read after this.
+        acquire_fence();
         let mut wait = TransitWait::default();
         loop {
+            // Before the pass: an activation ended by now shows its page
+            // to the pass; one not ended reads as begun after it.
+            let activated = self.activated_count();
             match self.scan_for_free(class, slot) {
                 Scan::Listed => return Ok(()),
-                // Nothing, and no release under way: nothing to wait for.
-                Scan::Nothing if !self.releasing() => break,
-                // In transit, or a release under way.
+                // Nothing, and no release or activation under way:
+                // nothing to wait for.
+                Scan::Nothing if !self.releasing() && !self.activating(activated) => break,
+                // In transit, or a release or an activation under way.
                 _ if wait.again(self.counters()) => {}
                 _ => break,
             }
@@ -658,6 +671,22 @@ impl<W: Word> Heap<'_, W> {
         // ended, so begun, read after, is at least ended, read before.
         let ended = self.retired_count();
         self.counters().releases_begun.load(Ordering::Acquire) != ended
+    }
+
+    /// Activations that have ended (their pages name their class).
+    #[inline(always)]
+    fn activated_count(&self) -> u64 {
+        self.counters().pages_activated.load(Ordering::Acquire)
+    }
+
+    /// Whether an activation has begun that had not ended when
+    /// `activated` was read ([`Heap::activated_count`], earlier): every
+    /// activation is counted as begun before it is as ended, and a claim
+    /// that lost its pages takes its count back after it counted it, so
+    /// begun, read after, is more than `activated` exactly then (or while
+    /// such a claim is under way).
+    fn activating(&self, activated: u64) -> bool {
+        self.counters().activations_begun.load(Ordering::Acquire) != activated
     }
 
     /// Whether any slot's list of `class` holds a page.
@@ -798,7 +827,7 @@ fn far_listed_at<W: Word>(
 
 #[cfg(all(test, host_std))]
 mod tests {
-    use super::without_transit_wait;
+    use super::{without_transit_wait, INSTALLING};
     use crate::heap::{AllocError, Heap};
     use crate::owned::OwnedHeap;
     use crate::size_class::class_of;
@@ -983,6 +1012,29 @@ mod tests {
     #[cfg_attr(miri, ignore)] // as above
     fn an_allocation_waits_for_another_class_s_page_being_retired() {
         alloc_while_a_page_retires(128, true);
+    }
+
+    /// Another slot runs out while the heap's one page is being activated
+    /// by slot 0's installer: its unit is claimed in the page map, its
+    /// descriptor does not name its class yet. The allocation waits for
+    /// the activation, counted as begun and not ended, instead of failing,
+    /// and takes a block from the page once the installer has made it
+    /// slot 0's current page.
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn an_allocation_waits_for_a_page_being_activated() {
+        let owned = OwnedHeap::<u32>::new(1, 2).unwrap();
+        let heap = owned.heap();
+        let class = class_of(256).unwrap();
+        let cache = heap.slot_cache(class, 0);
+        cache.store(INSTALLING, Ordering::Release);
+        let page = heap.claim_units(1, 0, 0, heap.limit()).unwrap();
+        let got = alloc_while_held(&heap, 256, |_| {
+            heap.activate(page, class);
+            cache.store(page + 1, Ordering::Release);
+        });
+        let got = got.expect("a block from the activated page, not a null");
+        free_last(&heap, got);
     }
 
     /// With [`without_transit_wait`], the allocation gives up on the page

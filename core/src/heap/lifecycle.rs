@@ -7,7 +7,6 @@ use super::Heap;
 use crate::page::{Avail, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
 use crate::page_list::PageList;
 use crate::size_class::CLASS_COUNT;
-use crate::stats::Counters;
 use crate::sync::Ordering;
 use crate::word::Word;
 
@@ -35,7 +34,11 @@ impl<W: Word> Heap<'_, W> {
         self.counters()
             .take_units(self.geometry().page_units(class) as u64);
         self.descs()[page as usize].activate(class, cap);
-        Counters::bump(&self.counters().pages_activated, 1);
+        // Ends the activation that `claim_units` counted as begun: a scan
+        // that reads this count (acquire) sees the page's class.
+        self.counters()
+            .pages_activated
+            .fetch_add(1, Ordering::Release);
     }
 
     pub(super) fn list_page(&self, page: u32, class: u32, slot: u32) {
