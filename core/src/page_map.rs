@@ -45,7 +45,8 @@ pub struct PageMap<'a> {
     #[cfg(not(target_arch = "nvptx64"))]
     runs: Option<RunIndex<'a>>,
     /// Where this view counts its claims as begun (see
-    /// [`PageMap::counting`]); none on most views.
+    /// [`PageMap::counting`]); none on most views. Never on the GPU.
+    #[cfg(not(target_arch = "nvptx64"))]
     begun: Option<&'a AtomicU64>,
 }
 
@@ -81,6 +82,7 @@ impl<'a> PageMap<'a> {
             used,
             #[cfg(not(target_arch = "nvptx64"))]
             runs: None,
+            #[cfg(not(target_arch = "nvptx64"))]
             begun: None,
         }
     }
@@ -91,18 +93,41 @@ impl<'a> PageMap<'a> {
     /// claim loses them: a search that finds the pages taken, and then
     /// reads the counter, sees the claim counted. A heap counts its
     /// class pages' activations so, until their descriptors name their
-    /// class (see `Heap::claim_units`).
+    /// class (see `Heap::claim_units`). On the GPU this view itself,
+    /// counting nothing (a kernel's heap does not count activations: see
+    /// `COUNTS_ACTIVATIONS` in the heap's allocation path), with no field
+    /// for the counter in its views.
     pub fn counting(self, begun: &'a AtomicU64) -> Self {
-        Self {
+        #[cfg(not(target_arch = "nvptx64"))]
+        return Self {
             begun: Some(begun),
             ..self
+        };
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let _ = begun;
+            self
+        }
+    }
+
+    /// The counter of claims begun, if this view counts (never on the
+    /// GPU, where this is a constant `None`).
+    #[inline(always)]
+    fn begun(&self) -> Option<&'a AtomicU64> {
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            self.begun
+        }
+        #[cfg(target_arch = "nvptx64")]
+        {
+            None
         }
     }
 
     /// Counts a claim as begun (see [`PageMap::counting`]).
     #[inline(always)]
     fn begin_claim(&self) {
-        if let Some(c) = self.begun {
+        if let Some(c) = self.begun() {
             // Relaxed: the claiming write after it releases.
             add_relaxed(c, 1);
         }
@@ -111,7 +136,7 @@ impl<'a> PageMap<'a> {
     /// Takes back the count of a claim that lost its pages.
     #[inline(always)]
     fn abandon_claim(&self) {
-        if let Some(c) = self.begun {
+        if let Some(c) = self.begun() {
             c.fetch_sub(1, Ordering::Relaxed);
         }
     }

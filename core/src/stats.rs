@@ -99,7 +99,8 @@ pub struct Counters {
     /// units in the page map ([`pages_activated`](Self::pages_activated)
     /// counts those that ended; a claim that loses its units takes its
     /// count back): a last-resort scan that reads more begun than ended
-    /// waits for the page to show its class.
+    /// waits for the page to show its class. On a host only: a kernel's
+    /// heap leaves it at 0.
     pub activations_begun: AtomicU64,
 }
 

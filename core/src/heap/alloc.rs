@@ -51,6 +51,17 @@ const _: () = assert!(FAR_PROBES == 16);
 /// [`Scan::InTransit`]), 64 spin hints apart (on a host with `std`, the first passes: see
 /// [`TRANSIT_WAIT`]).
 const SCAN_ROUNDS: u32 = 8;
+/// Whether the heap counts class-page activations from just before their
+/// claim in the page map to the store of their class, so that a
+/// last-resort scan waits for a page in between ([`Heap::claim_units`]).
+/// Not on the GPU: there the count sat on the critical path of every
+/// warp waiting for its slot's new page (the claim's release waited for
+/// the count's round trip, then the end's for its own), and on an H200
+/// allocation kernels took 1-4% longer (1M threads of 4 KiB: 0.268-0.272
+/// ms against 0.257-0.262, `docs/ab-activation-count-h200.txt`), while a
+/// GPU's scan gives up on pages in transit after its short passes anyway.
+pub(super) const COUNTS_ACTIVATIONS: bool = !cfg!(target_arch = "nvptx64");
+
 /// On a host with `std`: how long the last-resort scan keeps waiting,
 /// yielding its CPU between passes, for pages in transit after
 /// [`SCAN_ROUNDS`] passes. A page is in transit for a few instructions of
@@ -578,13 +589,17 @@ impl<W: Word> Heap<'_, W> {
     }
 
     /// Claims `units` free consecutive units in `floor..limit` from the
-    /// page map, for a class page that the caller then activates: the
-    /// activation is counted as begun before the claim takes the units
-    /// and as ended by [`Heap::activate`], so a last-resort scan that
-    /// found them taken waits until the page names its class.
+    /// page map, for a class page that the caller then activates: on a
+    /// host ([`COUNTS_ACTIVATIONS`]) the activation is counted as begun
+    /// before the claim takes the units and as ended by
+    /// [`Heap::activate`], so a last-resort scan that found them taken
+    /// waits until the page names its class.
     #[inline(never)]
     fn claim_units(&self, units: u32, hint: u32, floor: u32, limit: u32) -> Option<u32> {
-        let map = self.map().counting(&self.counters().activations_begun);
+        let map = match COUNTS_ACTIVATIONS {
+            true => self.map().counting(&self.counters().activations_begun),
+            false => self.map(),
+        };
         // Aligned to the largest power of two that divides the page's
         // units: pages of 2, 4, 8 and 16 units tile aligned blocks of their
         // size, as in a buddy allocator, so an emptied heap has room for
@@ -624,9 +639,9 @@ impl<W: Word> Heap<'_, W> {
     /// scavenge: one more round, on a path that fails anyway). A page on
     /// its way there (retired, its release not ended) counts as in
     /// transit: a scavenge may retire the very page this scan waited for.
-    /// So is a page whose units the caller's search found taken while its
-    /// descriptor does not name its class yet: an activation counted as
-    /// begun and not ended ([`Heap::claim_units`]).
+    /// So is, on a host, a page whose units the caller's search found
+    /// taken while its descriptor does not name its class yet: an
+    /// activation counted as begun and not ended ([`Heap::claim_units`]).
     #[inline(never)]
     pub(super) fn reserve_by_scan_or_fail(
         &self,
@@ -634,9 +649,11 @@ impl<W: Word> Heap<'_, W> {
         slot: u32,
         retired: u64,
     ) -> Result<(), AllocError> {
-        // The search's loads of the page map were relaxed: the counts of
-        // the activations whose claims it saw are read after this.
-        acquire_fence();
+        if COUNTS_ACTIVATIONS {
+            // The search's loads of the page map were relaxed: the counts
+            // of the activations whose claims it saw are read after this.
+            acquire_fence();
+        }
         let mut wait = TransitWait::default();
         loop {
             // Before the pass: an activation ended by now shows its page
@@ -673,10 +690,14 @@ impl<W: Word> Heap<'_, W> {
         self.counters().releases_begun.load(Ordering::Acquire) != ended
     }
 
-    /// Activations that have ended (their pages name their class).
+    /// Activations that have ended (their pages name their class); 0
+    /// where activations are not counted ([`COUNTS_ACTIVATIONS`]).
     #[inline(always)]
     fn activated_count(&self) -> u64 {
-        self.counters().pages_activated.load(Ordering::Acquire)
+        match COUNTS_ACTIVATIONS {
+            true => self.counters().pages_activated.load(Ordering::Acquire),
+            false => 0,
+        }
     }
 
     /// Whether an activation has begun that had not ended when
@@ -684,9 +705,10 @@ impl<W: Word> Heap<'_, W> {
     /// activation is counted as begun before it is as ended, and a claim
     /// that lost its pages takes its count back after it counted it, so
     /// begun, read after, is more than `activated` exactly then (or while
-    /// such a claim is under way).
+    /// such a claim is under way). Never where activations are not
+    /// counted ([`COUNTS_ACTIVATIONS`]).
     fn activating(&self, activated: u64) -> bool {
-        self.counters().activations_begun.load(Ordering::Acquire) != activated
+        COUNTS_ACTIVATIONS && self.counters().activations_begun.load(Ordering::Acquire) != activated
     }
 
     /// Whether any slot's list of `class` holds a page.

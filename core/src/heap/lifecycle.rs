@@ -2,11 +2,12 @@
 //! quarter of it is free, retired (its units back to the page map) once all
 //! of it is, and the scavenger that retires empty pages parked on lists.
 
-use super::alloc::INSTALLING;
+use super::alloc::{COUNTS_ACTIVATIONS, INSTALLING};
 use super::Heap;
 use crate::page::{Avail, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
 use crate::page_list::PageList;
 use crate::size_class::CLASS_COUNT;
+use crate::stats::Counters;
 use crate::sync::Ordering;
 use crate::word::Word;
 
@@ -34,11 +35,15 @@ impl<W: Word> Heap<'_, W> {
         self.counters()
             .take_units(self.geometry().page_units(class) as u64);
         self.descs()[page as usize].activate(class, cap);
-        // Ends the activation that `claim_units` counted as begun: a scan
-        // that reads this count (acquire) sees the page's class.
-        self.counters()
-            .pages_activated
-            .fetch_add(1, Ordering::Release);
+        let activated = &self.counters().pages_activated;
+        match COUNTS_ACTIVATIONS {
+            // Ends the activation that `claim_units` counted as begun: a
+            // scan that reads this count (acquire) sees the page's class.
+            true => {
+                activated.fetch_add(1, Ordering::Release);
+            }
+            false => Counters::bump(activated, 1),
+        }
     }
 
     pub(super) fn list_page(&self, page: u32, class: u32, slot: u32) {
