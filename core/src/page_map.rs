@@ -568,6 +568,9 @@ impl<'a> PageMap<'a> {
                 Ok(())
             });
         }
+        if len == 0 {
+            return Ok(());
+        }
         self.begin_claim();
         let mut p = start;
         while p < start + len {
@@ -1172,8 +1175,43 @@ mod tests {
             assert_eq!(m.try_claim(40, 40), Err(70));
             assert_eq!(count(), 3);
             assert_eq!(m.claim_run(200, pages, 0), None);
+            assert_eq!(m.try_claim(90, 0), Ok(()));
             assert_eq!(count(), 3);
             assert!((40..70).all(|p| !m.is_set(p)));
+            // Searches of a full map that find nothing.
+            while m.claim_one(0, pages).is_some() {}
+            let full = count();
+            assert_eq!(full, 3 + pages as u64 - 8, "one count a page claimed");
+            assert_eq!(m.claim_one(0, pages), None);
+            assert_eq!(m.claim_run_aligned(2, 2, pages, 0), None);
+            assert_eq!(m.claim_best(1, 0, pages), None);
+            assert_eq!(count(), full);
         }
+    }
+
+    /// Threads that claim single pages of one word through counting
+    /// views, colliding on its bits, and give them back: every claim that
+    /// lost its bit took its count back, so the count is the number of
+    /// claims made.
+    #[test]
+    #[cfg_attr(miri, ignore)] // many thousands of claims on every thread
+    fn colliding_claims_take_their_counts_back() {
+        let (w, f) = zeroed(32);
+        let begun = AtomicU64::new(0);
+        let made = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let m = PageMap::new(&w, &f).counting(&begun);
+                    for _ in 0..20_000 {
+                        if let Some(p) = m.claim_one(0, 32) {
+                            made.fetch_add(1, Ordering::Relaxed);
+                            m.release_run(p, 1);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(begun.load(Ordering::Relaxed), made.load(Ordering::Relaxed));
     }
 }

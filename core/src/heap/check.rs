@@ -11,6 +11,15 @@ impl<W: Word> Heap<'_, W> {
     /// Checks every structural invariant; call only while no thread uses
     /// the heap. Returns the first violation found.
     pub fn check_invariants(&self) -> Result<(), &'static str> {
+        let c = self.counters();
+        let begun = c.activations_begun.load(Ordering::Relaxed);
+        // While the heap is quiet every activation counted as begun has
+        // ended: one left over would make each failing allocation on a
+        // host wait out the last-resort scan's whole wait. 0 on a heap
+        // whose activations are not counted (a kernel's, read here).
+        if begun != 0 && begun != c.pages_activated.load(Ordering::Relaxed) {
+            return Err("class-page activations counted as begun and never ended");
+        }
         let map = self.map();
         if !map.summary_is_exact() {
             return Err("page-map summary out of date: a word called full or empty that is not");
