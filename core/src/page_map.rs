@@ -1170,8 +1170,9 @@ mod tests {
             assert_eq!(count(), 2);
             assert_eq!(m.try_claim(70, 3), Ok(()));
             assert_eq!(count(), 3);
-            // Takes words 0 and 1 of the run, then finds page 70 in use
-            // (on the plain map) and gives them back: no count.
+            // Page 70 is in use: the plain map takes pages 40..64 (word
+            // 1), finds it in word 2 and gives them back; the indexed one
+            // finds it first. No count either way.
             assert_eq!(m.try_claim(40, 40), Err(70));
             assert_eq!(count(), 3);
             assert_eq!(m.claim_run(200, pages, 0), None);
