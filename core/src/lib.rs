@@ -54,5 +54,5 @@ pub use size_class::{
     class_align, class_of, class_of_aligned, class_size, CLASS_COUNT, MAX_ALIGN, MAX_CLASS_SIZE,
     PAGE_SIZE,
 };
-pub use stats::{CStats, Counters, Counts, Stats, Tallies};
+pub use stats::{CStats, Counters, Counts, Stats, Tallies, Tally};
 pub use word::Word;

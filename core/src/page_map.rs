@@ -21,7 +21,9 @@
 //!
 //! All summary updates are acquire-release read-modify-writes, so a
 //! reloading side whose update comes after the other side's also sees the
-//! other side's word and undoes its own. Skipping a word on a stale
+//! other side's word and undoes its own. (On a map with an index of free
+//! runs, every claim and release, summaries included, is made under the
+//! index's lock, one at a time, with loads and stores.) Skipping a word on a stale
 //! "full" only makes a search miss a page freed a moment ago, as a search
 //! that came a moment earlier would have; on a stale "empty", a search
 //! picks a run that a claim has just begun to take, and its own claim of
@@ -29,6 +31,7 @@
 //! only costs the load of the word.
 
 use crate::run_index::{Fit, RunIndex};
+use crate::stats::{Counters, Tally};
 use crate::sync::{add_relaxed, AtomicU32, AtomicU64, Ordering};
 
 /// Whether class pages on an indexed map take the lowest fit.
@@ -48,6 +51,30 @@ pub struct PageMap<'a> {
     /// [`PageMap::counting`]); none on most views. Never on the GPU.
     #[cfg(not(target_arch = "nvptx64"))]
     begun: Option<&'a AtomicU64>,
+    /// Where this view counts what it claims and releases, and as what,
+    /// on an indexed map (see [`PageMap::tallying`]). Never on the GPU.
+    #[cfg(not(target_arch = "nvptx64"))]
+    ledger: Option<(&'a Counters, Tally)>,
+}
+
+/// Sets (`on`) or clears `bit` of summary word `cell`: an acquire-release
+/// read-modify-write, or with `LOCKED` (under an index's lock, where no
+/// other writer can race) a load and a release store, as
+/// [`PageMap::change_bits_locked`] changes the words.
+#[inline(always)]
+fn flip<const LOCKED: bool>(cell: &AtomicU32, bit: u32, on: bool) {
+    match (LOCKED, on) {
+        (true, _) => {
+            let v = cell.load(Ordering::Relaxed);
+            cell.store(if on { v | bit } else { v & !bit }, Ordering::Release);
+        }
+        (false, true) => {
+            cell.fetch_or(bit, Ordering::AcqRel);
+        }
+        (false, false) => {
+            cell.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
 }
 
 #[inline(always)]
@@ -84,6 +111,8 @@ impl<'a> PageMap<'a> {
             runs: None,
             #[cfg(not(target_arch = "nvptx64"))]
             begun: None,
+            #[cfg(not(target_arch = "nvptx64"))]
+            ledger: None,
         }
     }
 
@@ -139,6 +168,54 @@ impl<'a> PageMap<'a> {
         if let Some(c) = self.begun() {
             c.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// This view, counting each claim and release it makes as `what` in
+    /// `counters` ([`Counters::tally_locked`]) under the lock of the
+    /// map's index of free runs, if the map has one
+    /// ([`PageMap::keeps_counts`]); a view without `with_runs` (and any
+    /// view on the GPU) counts nothing, and its caller counts with
+    /// atomics. The count is made with the pages' bits, before the lock
+    /// is given back: a release of the pages, in any thread, is counted
+    /// after their claim.
+    pub fn tallying(self, counters: &'a Counters, what: Tally) -> Self {
+        #[cfg(not(target_arch = "nvptx64"))]
+        return Self {
+            ledger: Some((counters, what)),
+            ..self
+        };
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let _ = (counters, what);
+            self
+        }
+    }
+
+    /// Whether this view counts its claims and releases itself (see
+    /// [`PageMap::tallying`]): it has an index and a ledger. Never on the
+    /// GPU.
+    #[inline(always)]
+    pub fn keeps_counts(&self) -> bool {
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            self.runs.is_some() && self.ledger.is_some()
+        }
+        #[cfg(target_arch = "nvptx64")]
+        {
+            false
+        }
+    }
+
+    /// Counts a claim or release of `len` pages in the ledger, if this
+    /// view keeps one (under the index's lock).
+    #[inline(always)]
+    fn tally(&self, len: u32, claim: bool) {
+        #[cfg(not(target_arch = "nvptx64"))]
+        if let Some((c, what)) = self.ledger {
+            c.tally_locked(what, len, claim);
+        }
+        #[cfg(target_arch = "nvptx64")]
+        let _ = (len, claim);
     }
 
     /// The index of free runs, if the heap keeps one (never on the GPU,
@@ -216,62 +293,64 @@ impl<'a> PageMap<'a> {
     }
 
     /// After a claim of bits `m` in word `w` that returned `old`: records a
-    /// word it filled in the summary (see the module's protocol).
+    /// word it filled in the summary (see the module's protocol). `LOCKED`:
+    /// the claim holds the index's lock, under which every change of the
+    /// summaries is made too (see [`PageMap::change_bits_locked`]).
     #[inline(always)]
-    fn claimed(&self, w: u32, old: u32, m: u32) {
+    fn claimed<const LOCKED: bool>(&self, w: u32, old: u32, m: u32) {
         if old == 0 && !self.used.is_empty() {
-            self.mark_used(w);
+            self.mark_used::<LOCKED>(w);
         }
         if old | m == u32::MAX && old != u32::MAX {
-            self.mark_full(w);
+            self.mark_full::<LOCKED>(w);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn mark_used(&self, w: u32) {
-        self.used[(w / 32) as usize].fetch_or(1 << (w % 32), Ordering::AcqRel);
+    fn mark_used<const LOCKED: bool>(&self, w: u32) {
+        flip::<LOCKED>(&self.used[(w / 32) as usize], 1 << (w % 32), true);
     }
 
     /// Out of line: a word fills once per 32 pages claimed at most, and
     /// the allocation paths on the GPU keep their registers for the rest.
     #[cold]
     #[inline(never)]
-    fn mark_full(&self, w: u32) {
+    fn mark_full<const LOCKED: bool>(&self, w: u32) {
         let (cell, bit) = (&self.full[(w / 32) as usize], 1u32 << (w % 32));
-        cell.fetch_or(bit, Ordering::AcqRel);
+        flip::<LOCKED>(cell, bit, true);
         if self.words[w as usize].load(Ordering::Relaxed) != u32::MAX {
-            cell.fetch_and(!bit, Ordering::AcqRel);
+            flip::<LOCKED>(cell, bit, false);
         }
     }
 
     /// After a release of bits `m` from word `w` that returned `old`: a
     /// word that was full is no longer, one that is now empty may be (see
-    /// the module's protocol).
+    /// the module's protocol; `LOCKED` as in [`PageMap::claimed`]).
     #[inline(always)]
-    fn released(&self, w: u32, old: u32, m: u32) {
+    fn released<const LOCKED: bool>(&self, w: u32, old: u32, m: u32) {
         if old == u32::MAX && m & old != 0 {
-            self.mark_open(w);
+            self.mark_open::<LOCKED>(w);
         }
         if old != 0 && old & !m == 0 && !self.used.is_empty() {
-            self.mark_empty(w);
+            self.mark_empty::<LOCKED>(w);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn mark_empty(&self, w: u32) {
+    fn mark_empty<const LOCKED: bool>(&self, w: u32) {
         let (cell, bit) = (&self.used[(w / 32) as usize], 1u32 << (w % 32));
-        cell.fetch_and(!bit, Ordering::AcqRel);
+        flip::<LOCKED>(cell, bit, false);
         if self.words[w as usize].load(Ordering::Relaxed) != 0 {
-            cell.fetch_or(bit, Ordering::AcqRel);
+            flip::<LOCKED>(cell, bit, true);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn mark_open(&self, w: u32) {
-        self.full[(w / 32) as usize].fetch_and(!(1u32 << (w % 32)), Ordering::AcqRel);
+    fn mark_open<const LOCKED: bool>(&self, w: u32) {
+        flip::<LOCKED>(&self.full[(w / 32) as usize], 1u32 << (w % 32), false);
     }
 
     /// The first word from `w` on that the summary does not call empty
@@ -350,7 +429,7 @@ impl<'a> PageMap<'a> {
                 self.begin_claim();
                 let old = cell.fetch_or(1 << bit, Ordering::AcqRel);
                 if old & (1 << bit) == 0 {
-                    self.claimed(w, old, 1 << bit);
+                    self.claimed::<false>(w, old, 1 << bit);
                     return Some(w * 32 + bit);
                 }
                 self.abandon_claim();
@@ -489,7 +568,7 @@ impl<'a> PageMap<'a> {
                 // stale). Set it, so the next search reads the word and
                 // goes past the page instead of picking it again; a bit
                 // set early only costs a load.
-                Err(used) if !self.used.is_empty() => self.mark_used(used / 32),
+                Err(used) if !self.used.is_empty() => self.mark_used::<false>(used / 32),
                 Err(_) => {}
             }
         }
@@ -582,14 +661,14 @@ impl<'a> PageMap<'a> {
                 // Keep the bits that were ours in this word, drop the rest.
                 let mine = m & !old;
                 let was = self.words[(p / 32) as usize].fetch_and(!mine, Ordering::Release);
-                self.released(p / 32, was, mine);
+                self.released::<false>(p / 32, was, mine);
                 if p > start {
                     self.release_run(start, p - start);
                 }
                 self.abandon_claim();
                 return Err(p + (old & m).trailing_zeros() - from);
             }
-            self.claimed(p / 32, old, m);
+            self.claimed::<false>(p / 32, old, m);
             p += n;
         }
         Ok(())
@@ -603,6 +682,7 @@ impl<'a> PageMap<'a> {
         if let Some(r) = self.runs() {
             r.locked(|| {
                 self.change_bits_locked(start, len, false);
+                self.tally(len, false);
                 // Merge with the free runs on either side.
                 let (mut from, mut end) = (start, start + len);
                 if from > 0 && !self.is_set(from - 1) {
@@ -670,11 +750,13 @@ impl<'a> PageMap<'a> {
         }
     }
 
-    /// Claims `len` pages at `fit.at` in the free run `fit`, and indexes
-    /// what is left of the run on either side (under the index's lock).
+    /// Claims `len` pages at `fit.at` in the free run `fit`, indexes what
+    /// is left of the run on either side, and counts the pages in the
+    /// ledger if the view keeps one (under the index's lock).
     fn take(&self, r: &RunIndex<'_>, fit: Fit, len: u32) {
         r.remove(fit.start);
         self.set_bits(fit.at, len);
+        self.tally(len, true);
         r.insert(fit.start, fit.at - fit.start);
         r.insert(fit.at + len, fit.start + fit.run - fit.at - len);
     }
@@ -687,21 +769,21 @@ impl<'a> PageMap<'a> {
 
     /// [`PageMap::change_bits`] under the index's lock. With an index,
     /// every change of the map's words is made under it (see
-    /// [`RunIndex`]), so a load and a store change a word as a
-    /// read-modify-write would, without the locked instruction (on x86 a
-    /// full barrier, which waits for the metadata stores before it).
-    /// Lock-free readers see each word change once, as before. Host heaps
-    /// only (a GPU heap has no index).
+    /// [`RunIndex`]), so a load and a store change a word, and the
+    /// summary bits it moves, as a read-modify-write would, without the
+    /// locked instruction (on x86 a full barrier, which waits for the
+    /// metadata stores before it). Lock-free readers see each word change
+    /// once, as before. Host heaps only (a GPU heap has no index).
     fn change_bits_locked(&self, start: u32, len: u32, claim: bool) {
         self.each_word(start, len, |cell, w, m| {
             let old = cell.load(Ordering::Relaxed);
             if claim {
                 debug_assert_eq!(old & m, 0, "pages {m:#x} of word {w} claimed twice");
                 cell.store(old | m, Ordering::Release);
-                self.claimed(w, old, m);
+                self.claimed::<true>(w, old, m);
             } else {
                 cell.store(old & !m, Ordering::Release);
-                self.released(w, old, m);
+                self.released::<true>(w, old, m);
             }
         })
     }
@@ -714,10 +796,10 @@ impl<'a> PageMap<'a> {
             if claim {
                 let old = cell.fetch_or(m, Ordering::AcqRel);
                 debug_assert_eq!(old & m, 0, "pages {m:#x} of word {w} claimed twice");
-                self.claimed(w, old, m);
+                self.claimed::<false>(w, old, m);
             } else {
                 let old = cell.fetch_and(!m, Ordering::Release);
-                self.released(w, old, m);
+                self.released::<false>(w, old, m);
             }
         })
     }
@@ -1188,6 +1270,59 @@ mod tests {
             assert_eq!(m.claim_best(1, 0, pages), None);
             assert_eq!(count(), full);
         }
+    }
+
+    /// A tallying view of an indexed map counts what it claims and
+    /// releases under the index's lock, as its kind says: the footprint
+    /// and its peak always, span pages for spans and their parts, and one
+    /// span per whole span. A failed claim counts nothing; a plain map's
+    /// view counts nothing (its caller counts with atomics).
+    #[test]
+    fn a_tallying_view_counts_under_the_lock_as_its_kind_says() {
+        let pages = 4 * 32;
+        let (wi, fi, zi) = zeroed_indexed(pages);
+        let c = Counters::new();
+        let map = || indexed(&wi, &fi, &zi, pages);
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let counts = || {
+            (
+                get(&c.units_taken),
+                get(&c.units_peak),
+                get(&c.span_pages),
+                get(&c.spans_allocated),
+                get(&c.spans_freed),
+            )
+        };
+        assert!(!map().keeps_counts(), "no ledger");
+        let spans = map().tallying(&c, Tally::Span);
+        let parts = map().tallying(&c, Tally::SpanPart);
+        let class = map().tallying(&c, Tally::ClassPage);
+        assert!(spans.keeps_counts() && parts.keeps_counts() && class.keeps_counts());
+        assert_eq!(spans.claim_best(5, 0, pages), Some(0));
+        assert_eq!(counts(), (5, 5, 5, 1, 0));
+        assert_eq!(parts.try_claim(5, 3), Ok(()));
+        assert_eq!(counts(), (8, 8, 8, 1, 0));
+        assert_eq!(class.claim_run_aligned(4, 4, pages, 0), Some(8));
+        assert_eq!(class.claim_one(0, pages), Some(12));
+        assert_eq!(counts(), (13, 13, 8, 1, 0));
+        // Claims that fail count nothing.
+        assert_eq!(parts.try_claim(10, 4), Err(10));
+        assert_eq!(spans.claim_best(pages, 0, pages), None);
+        assert_eq!(counts(), (13, 13, 8, 1, 0));
+        parts.release_run(6, 2);
+        assert_eq!(counts(), (11, 13, 6, 1, 0));
+        spans.release_run(0, 6);
+        class.release_run(8, 4);
+        assert_eq!(counts(), (1, 13, 0, 1, 1));
+        // Pages claimed through a view without a ledger, or of a map
+        // without an index, are not counted.
+        assert_eq!(map().try_claim(40, 2), Ok(()));
+        let (w, f) = zeroed(pages);
+        let plain = PageMap::new(&w, &f).tallying(&c, Tally::Span);
+        assert!(!plain.keeps_counts());
+        assert_eq!(plain.claim_best(3, 0, pages), Some(0));
+        plain.release_run(0, 3);
+        assert_eq!(counts(), (1, 13, 0, 1, 1));
     }
 
     /// Threads that claim single pages of one word through counting

@@ -185,6 +185,83 @@ impl Counters {
     pub fn give_units(&self, units: u64) {
         self.units_taken.fetch_sub(units, Ordering::Relaxed);
     }
+
+    /// Counts a claim (`claim`) or release of `units` page-map units of
+    /// kind `what` with atomics: on a heap without an index of free runs
+    /// (every kernel's heap), where claims and releases take no lock.
+    /// Called before a claim's pages are published and before released
+    /// pages return to the page map.
+    #[inline(always)]
+    pub fn tally(&self, what: Tally, units: u32, claim: bool) {
+        let n = units as u64;
+        if claim {
+            self.take_units(n);
+        }
+        if what != Tally::ClassPage {
+            match claim {
+                true => self.span_pages.fetch_add(n, Ordering::Relaxed),
+                false => self.span_pages.fetch_sub(n, Ordering::Relaxed),
+            };
+        }
+        if !claim {
+            self.give_units(n);
+        }
+        if what == Tally::Span {
+            match claim {
+                true => Self::bump(&self.spans_allocated, 1),
+                false => Self::bump(&self.spans_freed, 1),
+            }
+        }
+    }
+
+    /// [`Counters::tally`] under an indexed page map's lock (see
+    /// [`PageMap::tallying`](crate::page_map::PageMap::tallying)). On a
+    /// heap with an index every change of these counters is made there,
+    /// one holder at a time, so a load and a store make each change
+    /// without a locked instruction (on x86 a full barrier, which also
+    /// waits for the stores before it: the descriptors just written).
+    /// Readers see each count change once, as before. The arithmetic
+    /// wraps, as the atomics' does.
+    pub fn tally_locked(&self, what: Tally, units: u32, claim: bool) {
+        let change = |c: &AtomicU64, n: u64| {
+            let v = c.load(Ordering::Relaxed);
+            let now = match claim {
+                true => v.wrapping_add(n),
+                false => v.wrapping_sub(n),
+            };
+            c.store(now, Ordering::Relaxed);
+            now
+        };
+        let taken = change(&self.units_taken, units as u64);
+        if claim && taken > self.units_peak.load(Ordering::Relaxed) {
+            self.units_peak.store(taken, Ordering::Relaxed);
+        }
+        if what != Tally::ClassPage {
+            change(&self.span_pages, units as u64);
+        }
+        if what == Tally::Span {
+            let spans = match claim {
+                true => &self.spans_allocated,
+                false => &self.spans_freed,
+            };
+            let n = spans.load(Ordering::Relaxed);
+            spans.store(n.wrapping_add(1), Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a claim or a release of page-map units is, for the counts an
+/// indexed page map keeps under its lock ([`Counters::tally_locked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tally {
+    /// A class page's units: the footprint.
+    ClassPage,
+    /// A whole span: the footprint, the span pages and one span allocated
+    /// or freed.
+    Span,
+    /// The pages a span grows or shrinks by in place: the footprint and
+    /// the span pages.
+    SpanPart,
 }
 
 /// Bytes of one slot's tally line.

@@ -640,3 +640,72 @@ fn a_scan_waits_out_an_activation() {
         ],
     );
 }
+
+/// On a map with an index of free runs, claims and releases change the
+/// words, the summaries and the heap's counts with loads and stores under
+/// the index's lock (no read-modify-write). Two threads, one claiming a
+/// span that fills the word and one giving back the only class page in
+/// use before claiming another, leave the summaries, the index and the
+/// counts exact: no update of one is lost to the other's.
+#[test]
+fn indexed_claims_and_releases_keep_summaries_and_counts_exact() {
+    use cuheap_core::run_index::RunIndex;
+    use cuheap_core::sync::Ordering;
+    use cuheap_core::{Counters, Tally};
+    let pages = 32;
+    let mut builder = loom::model::Builder::new();
+    // The lock's holder makes dozens of loads and stores: a bound on
+    // preemptions keeps the model to the interleavings that matter
+    // (either thread inside the lock while the other waits or runs).
+    builder.preemption_bound = Some(2);
+    // Every load and store is a branch: the index alone is hundreds of
+    // words.
+    builder.max_branches = 100_000;
+    builder.check(move || {
+        let words = Arc::new(vec![AtomicU32::new(0)]);
+        let summary = Arc::new(vec![AtomicU32::new(0), AtomicU32::new(0)]);
+        let cells: Arc<Vec<AtomicU32>> = Arc::new(
+            (0..RunIndex::words(pages))
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+        );
+        let counters = Arc::new(Counters::new());
+        let view = |what| {
+            PageMap::new(&words, &summary)
+                .with_runs(RunIndex::new(&cells, pages))
+                .tallying(&counters, what)
+        };
+        view(Tally::ClassPage).rebuild_runs(pages);
+        // Page 0: a class page in use; pages 1..32 free.
+        assert_eq!(view(Tally::ClassPage).claim_one(0, pages), Some(0));
+        let span = {
+            let (words, summary, cells, counters) = (
+                words.clone(),
+                summary.clone(),
+                cells.clone(),
+                counters.clone(),
+            );
+            thread::spawn(move || {
+                PageMap::new(&words, &summary)
+                    .with_runs(RunIndex::new(&cells, pages))
+                    .tallying(&counters, Tally::Span)
+                    .claim_best(31, 0, pages)
+            })
+        };
+        let class = view(Tally::ClassPage);
+        class.release_run(0, 1);
+        let again = class.claim_one(0, pages);
+        let got = span.join().unwrap();
+        // Either the span took pages 1..32 and the class page 0 again, or
+        // the span took 0..31 after the release and the class page 31.
+        assert!(got.is_some() && again.is_some());
+        assert_eq!(words[0].load(Ordering::Relaxed), u32::MAX);
+        let m = view(Tally::ClassPage);
+        assert!(m.summary_is_exact() && m.runs_are_exact(pages));
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!(get(&counters.units_taken), 32);
+        assert_eq!(get(&counters.span_pages), 31);
+        assert_eq!(get(&counters.spans_allocated), 1);
+        assert!(get(&counters.units_peak) >= 32);
+    });
+}

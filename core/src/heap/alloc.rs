@@ -5,7 +5,7 @@
 use super::{AllocError, Heap, Placement};
 use crate::page::{STATE_ATTACHED, STATE_LISTED};
 use crate::size_class::{class_of, class_of_aligned, valid_align, CLASS_COUNT};
-use crate::stats::Counters;
+use crate::stats::{Counters, Tally};
 use crate::sync::{acquire_fence, spin_hint, Ordering};
 use crate::word::Word;
 
@@ -596,9 +596,12 @@ impl<W: Word> Heap<'_, W> {
     /// waits until the page names its class.
     #[inline(never)]
     fn claim_units(&self, units: u32, hint: u32, floor: u32, limit: u32) -> Option<u32> {
+        // An indexed map counts the units as it claims them; a heap
+        // without one counts them in `activate`.
+        let map = self.tallied(Tally::ClassPage);
         let map = match COUNTS_ACTIVATIONS {
-            true => self.map().counting(&self.counters().activations_begun),
-            false => self.map(),
+            true => map.counting(&self.counters().activations_begun),
+            false => map,
         };
         // Aligned to the largest power of two that divides the page's
         // units: pages of 2, 4, 8 and 16 units tile aligned blocks of their

@@ -20,6 +20,10 @@ impl<W: Word> Heap<'_, W> {
         if begun != 0 && begun != c.pages_activated.load(Ordering::Relaxed) {
             return Err("class-page activations counted as begun and never ended");
         }
+        // Likewise every release of a retired page's units has ended.
+        if c.releases_begun.load(Ordering::Relaxed) != c.pages_retired.load(Ordering::Relaxed) {
+            return Err("page releases counted as begun and never ended");
+        }
         let map = self.map();
         if !map.summary_is_exact() {
             return Err("page-map summary out of date: a word called full or empty that is not");
@@ -27,6 +31,9 @@ impl<W: Word> Heap<'_, W> {
         if !map.runs_are_exact(self.page_count) {
             return Err("the index of free runs differs from the page map's free runs");
         }
+        // The footprint the counters keep, from the descriptors: units
+        // of class pages and of spans, and spans.
+        let (mut units, mut span_pages, mut spans) = (0u64, 0u64, 0u64);
         let mut p = 0u32;
         while p < self.page_count {
             let d = &self.descs()[p as usize];
@@ -89,8 +96,9 @@ impl<W: Word> Heap<'_, W> {
                     if a.floating && a.free >= list_threshold(cap) as i64 {
                         return Err("floating page with free blocks is neither listed nor retired");
                     }
-                    let units = self.geometry().page_units(c);
-                    for k in 1..units {
+                    let page_units = self.geometry().page_units(c);
+                    units += page_units as u64;
+                    for k in 1..page_units {
                         let q = p + k;
                         let t = &self.descs()[q as usize];
                         if q >= self.page_count
@@ -101,7 +109,7 @@ impl<W: Word> Heap<'_, W> {
                             return Err("class page tail unit not marked");
                         }
                     }
-                    p += units;
+                    p += page_units;
                     continue;
                 }
                 Kind::SpanHead => {
@@ -117,6 +125,8 @@ impl<W: Word> Heap<'_, W> {
                             return Err("span tail page not marked");
                         }
                     }
+                    (units, span_pages, spans) =
+                        (units + n as u64, span_pages + n as u64, spans + 1);
                     p += n;
                     continue;
                 }
@@ -124,6 +134,19 @@ impl<W: Word> Heap<'_, W> {
                 Kind::ClassTail => return Err("class page tail without a head"),
             }
             p += 1;
+        }
+        let counted = |a: &crate::sync::AtomicU64| a.load(Ordering::Relaxed);
+        if counted(&c.units_taken) != units {
+            return Err("the counted footprint differs from the pages in use");
+        }
+        if counted(&c.units_peak) < units {
+            return Err("the counted peak footprint is below the footprint");
+        }
+        if counted(&c.span_pages) != span_pages {
+            return Err("the counted span pages differ from the spans' pages");
+        }
+        if counted(&c.spans_allocated).wrapping_sub(counted(&c.spans_freed)) != spans {
+            return Err("spans counted as allocated and not freed differ from the spans");
         }
         // Every listed page is on one list of its class, once.
         let mut listed = 0u64;

@@ -7,7 +7,7 @@ use super::Heap;
 use crate::page::{Avail, KIND_CLASS_TAIL, KIND_FREE, STATE_LISTED, STATE_NONE};
 use crate::page_list::PageList;
 use crate::size_class::CLASS_COUNT;
-use crate::stats::Counters;
+use crate::stats::{Counters, Tally};
 use crate::sync::Ordering;
 use crate::word::Word;
 
@@ -32,8 +32,8 @@ impl<W: Word> Heap<'_, W> {
         }
         let cap = self.geometry().blocks_per_page(class);
         self.bitmap(page).fill(cap);
-        self.counters()
-            .take_units(self.geometry().page_units(class) as u64);
+        // (On an indexed heap `claim_units` counted them.)
+        self.tally(Tally::ClassPage, self.geometry().page_units(class), true);
         self.descs()[page as usize].activate(class, cap);
         let activated = &self.counters().pages_activated;
         match COUNTS_ACTIVATIONS {
@@ -115,8 +115,8 @@ impl<W: Word> Heap<'_, W> {
             d.state.store(STATE_NONE, Ordering::Relaxed);
             d.kind.store(KIND_FREE, Ordering::Release);
         }
-        self.counters().give_units(units as u64);
-        self.map().release_run(page, units);
+        self.tally(Tally::ClassPage, units, false);
+        self.tallied(Tally::ClassPage).release_run(page, units);
     }
 
     /// Counts a release as ended once the units are back in the map: a

@@ -54,7 +54,7 @@ use crate::page_map::PageMap;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::run_index::RunIndex;
 use crate::size_class::{class_size, Geometry, BITMAP_BYTES_PER_PAGE, CLASS_COUNT, PAGE_SIZE};
-use crate::stats::{Counters, Counts, Stats, Tallies};
+use crate::stats::{Counters, Counts, Stats, Tallies, Tally};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::word::Word;
 
@@ -302,6 +302,40 @@ impl<'a, W: Word> Heap<'a, W> {
             return map.with_runs(self.run_index());
         }
         map
+    }
+
+    /// The page map, counting the footprint of what it claims and
+    /// releases as `what` under its index's lock on an indexed heap (see
+    /// [`PageMap::tallying`]); elsewhere the caller counts with atomics
+    /// where [`Heap::counts_in_map`] is false.
+    #[inline(always)]
+    fn tallied(&self, what: Tally) -> PageMap<'_> {
+        self.map().tallying(self.counters(), what)
+    }
+
+    /// Counts a claim or release of `units` units as `what` with atomics
+    /// ([`Counters::tally`]), unless the heap's page map counts it under
+    /// its lock ([`Heap::tallied`]).
+    #[inline(always)]
+    fn tally(&self, what: Tally, units: u32, claim: bool) {
+        if !self.counts_in_map() {
+            self.counters().tally(what, units, claim);
+        }
+    }
+
+    /// Whether claims and releases through [`Heap::tallied`] count
+    /// themselves: the heap keeps an index of free runs (never on the
+    /// GPU).
+    #[inline(always)]
+    fn counts_in_map(&self) -> bool {
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            self.placement() & Placement::INDEXED != 0
+        }
+        #[cfg(target_arch = "nvptx64")]
+        {
+            false
+        }
     }
 
     /// The index of free runs after the metadata (see

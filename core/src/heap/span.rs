@@ -5,7 +5,7 @@
 use super::{AllocError, FreeError, FreeOutcome, Heap, Placement};
 use crate::page::{KIND_FREE, KIND_SPAN_HEAD, KIND_SPAN_TAIL};
 use crate::size_class::{span_pages, PAGE_SIZE};
-use crate::stats::Counters;
+use crate::stats::Tally;
 use crate::sync::Ordering;
 use crate::word::Word;
 
@@ -24,7 +24,8 @@ impl<W: Word> Heap<'_, W> {
         if pages > self.page_count as usize {
             return Err(AllocError::TooLarge);
         }
-        let map = self.map();
+        // On an indexed heap the claim counts the span (see `tallied`).
+        let map = self.tallied(Tally::Span);
         // Each slot starts its search in its own part of the heap (of the
         // last growth step, on a heap that grows while kernels run).
         let limit = self.limit();
@@ -59,11 +60,10 @@ impl<W: Word> Heap<'_, W> {
         let Some(start) = start else {
             return Err(AllocError::OutOfMemory);
         };
-        // Counted before the stores below: a locked add on the host waits
-        // for the stores before it to drain, and the descriptors' lines
-        // are the ones that miss.
-        self.count_span_pages(pages as u32, 0);
-        Counters::bump(&self.counters().spans_allocated, 1);
+        // Counted (where the claim did not count it) before the stores
+        // below: a locked add on the host waits for the stores before it
+        // to drain, and the descriptors' lines are the ones that miss.
+        self.tally(Tally::Span, pages as u32, true);
         for p in start + 1..start + pages as u32 {
             self.descs()[p as usize]
                 .kind
@@ -92,14 +92,13 @@ impl<W: Word> Heap<'_, W> {
         }
         let n = head.span.load(Ordering::Relaxed);
         // Counted before the stores, as in `try_span`.
-        self.count_span_pages(0, n);
-        Counters::bump(&self.counters().spans_freed, 1);
+        self.tally(Tally::Span, n, false);
         for p in page..page + n {
             self.descs()[p as usize]
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
-        self.map().release_run(page, n);
+        self.tallied(Tally::Span).release_run(page, n);
         Ok(FreeOutcome {
             freed: 1,
             already_free: 0,
@@ -122,22 +121,9 @@ impl<W: Word> Heap<'_, W> {
                 .kind
                 .store(KIND_FREE, Ordering::Release);
         }
-        self.count_span_pages(0, have - want);
-        self.map().release_run(page + want, have - want);
-    }
-
-    /// Counts span pages taken (before they are published) and given back
-    /// (before they return to the page map), in the footprint too.
-    fn count_span_pages(&self, taken: u32, given: u32) {
-        let c = self.counters();
-        if taken > 0 {
-            c.take_units(taken as u64);
-            c.span_pages.fetch_add(taken as u64, Ordering::Relaxed);
-        }
-        if given > 0 {
-            c.span_pages.fetch_sub(given as u64, Ordering::Relaxed);
-            c.give_units(given as u64);
-        }
+        self.tally(Tally::SpanPart, have - want, false);
+        self.tallied(Tally::SpanPart)
+            .release_run(page + want, have - want);
     }
 
     /// Grows the span at `page` from `have` to `want` pages by claiming
@@ -150,11 +136,14 @@ impl<W: Word> Heap<'_, W> {
     /// O(want - have).
     pub(super) fn grow_span(&self, page: u32, have: u32, want: u32) -> bool {
         if page as u64 + want as u64 > self.limit() as u64
-            || self.map().try_claim(page + have, want - have).is_err()
+            || self
+                .tallied(Tally::SpanPart)
+                .try_claim(page + have, want - have)
+                .is_err()
         {
             return false;
         }
-        self.count_span_pages(want - have, 0);
+        self.tally(Tally::SpanPart, want - have, true);
         for p in page + have..page + want {
             self.descs()[p as usize]
                 .kind
