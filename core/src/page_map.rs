@@ -47,10 +47,11 @@ pub struct PageMap<'a> {
     /// read it instead of the words. Never on the GPU.
     #[cfg(not(target_arch = "nvptx64"))]
     runs: Option<RunIndex<'a>>,
-    /// Where this view counts its claims as begun (see
-    /// [`PageMap::counting`]); none on most views. Never on the GPU.
+    /// Where this view counts its claims as begun, and the claims that
+    /// gave back pages they had taken (see [`PageMap::counting`]); none
+    /// on most views. Never on the GPU.
     #[cfg(not(target_arch = "nvptx64"))]
-    begun: Option<&'a AtomicU64>,
+    begun: Option<(&'a AtomicU64, &'a AtomicU64)>,
     /// Where this view counts what it claims and releases, and as what,
     /// on an indexed map (see [`PageMap::tallying`]). Never on the GPU.
     #[cfg(not(target_arch = "nvptx64"))]
@@ -120,29 +121,35 @@ impl<'a> PageMap<'a> {
     /// read-modify-write (or, on an indexed map, the store under the
     /// lock) that takes the pages, and taking the count back when the
     /// claim loses them: a search that finds the pages taken, and then
-    /// reads the counter, sees the claim counted. A heap counts its
-    /// class pages' activations so, until their descriptors name their
-    /// class (see `Heap::claim_units`). On the GPU this view itself,
-    /// counting nothing (a kernel's heap does not count activations: see
+    /// reads the counter, sees the claim counted. A claim that collides
+    /// after it took some pages gives them back and counts that in
+    /// `given_back`, before it takes its count back (a release): a search
+    /// that found those pages taken, and reads `begun` with acquire once
+    /// the claim is no longer counted there, reads `given_back` moved
+    /// and searches again. A heap counts its class pages' activations
+    /// so, until their descriptors name their class (see
+    /// `Heap::claim_units`). On the GPU this view itself, counting
+    /// nothing (a kernel's heap does not count activations: see
     /// `COUNTS_ACTIVATIONS` in the heap's allocation path), with no field
-    /// for the counter in its views.
-    pub fn counting(self, begun: &'a AtomicU64) -> Self {
+    /// for the counters in its views.
+    pub fn counting(self, begun: &'a AtomicU64, given_back: &'a AtomicU64) -> Self {
         #[cfg(not(target_arch = "nvptx64"))]
         return Self {
-            begun: Some(begun),
+            begun: Some((begun, given_back)),
             ..self
         };
         #[cfg(target_arch = "nvptx64")]
         {
-            let _ = begun;
+            let _ = (begun, given_back);
             self
         }
     }
 
-    /// The counter of claims begun, if this view counts (never on the
-    /// GPU, where this is a constant `None`).
+    /// The counters of claims begun and of claims that gave back pages,
+    /// if this view counts (never on the GPU, where this is a constant
+    /// `None`).
     #[inline(always)]
-    fn begun(&self) -> Option<&'a AtomicU64> {
+    fn begun(&self) -> Option<(&'a AtomicU64, &'a AtomicU64)> {
         #[cfg(not(target_arch = "nvptx64"))]
         {
             self.begun
@@ -156,17 +163,24 @@ impl<'a> PageMap<'a> {
     /// Counts a claim as begun (see [`PageMap::counting`]).
     #[inline(always)]
     fn begin_claim(&self) {
-        if let Some(c) = self.begun() {
+        if let Some((c, _)) = self.begun() {
             // Relaxed: the claiming write after it releases.
             add_relaxed(c, 1);
         }
     }
 
-    /// Takes back the count of a claim that lost its pages.
+    /// Takes back the count of a claim that lost its pages, once it gave
+    /// back those it took (`gave_back`: it took some), which it counts
+    /// first.
     #[inline(always)]
-    fn abandon_claim(&self) {
-        if let Some(c) = self.begun() {
-            c.fetch_sub(1, Ordering::Relaxed);
+    fn abandon_claim(&self, gave_back: bool) {
+        if let Some((c, given)) = self.begun() {
+            if gave_back {
+                given.fetch_add(1, Ordering::Release);
+            }
+            // Release: a search that reads the count taken back reads the
+            // pages given back, and their count.
+            c.fetch_sub(1, Ordering::Release);
         }
     }
 
@@ -432,7 +446,7 @@ impl<'a> PageMap<'a> {
                     self.claimed::<false>(w, old, 1 << bit);
                     return Some(w * 32 + bit);
                 }
-                self.abandon_claim();
+                self.abandon_claim(false);
                 cur = old;
             }
             w += 1;
@@ -665,7 +679,7 @@ impl<'a> PageMap<'a> {
                 if p > start {
                     self.release_run(start, p - start);
                 }
-                self.abandon_claim();
+                self.abandon_claim(mine != 0 || p > start);
                 return Err(p + (old & m).trailing_zeros() - from);
             }
             self.claimed::<false>(p / 32, old, m);
@@ -1233,8 +1247,9 @@ mod tests {
     }
 
     /// A counting view counts each claim it makes, once, and takes back
-    /// the count of one that lost its pages; searches that find nothing
-    /// count nothing. With and without an index of free runs.
+    /// the count of one that lost its pages, counting those that gave
+    /// back pages they had taken; searches that find nothing count
+    /// nothing. With and without an index of free runs.
     #[test]
     fn a_counting_view_counts_the_claims_that_keep_their_pages() {
         let pages = 4 * 32;
@@ -1242,10 +1257,11 @@ mod tests {
         let (wi, fi, zi) = zeroed_indexed(pages);
         let plain = PageMap::new(&w, &f);
         let with_index = indexed(&wi, &fi, &zi, pages);
-        for m in [plain, with_index] {
-            let begun = AtomicU64::new(0);
-            let m = m.counting(&begun);
+        for (m, plain) in [(plain, true), (with_index, false)] {
+            let (begun, given_back) = (AtomicU64::new(0), AtomicU64::new(0));
+            let m = m.counting(&begun, &given_back);
             let count = || begun.load(Ordering::Relaxed);
+            let given = || given_back.load(Ordering::Relaxed);
             assert_eq!(m.claim_one(0, pages), Some(0));
             assert_eq!(count(), 1);
             assert_eq!(m.claim_run_aligned(4, 4, pages, 0), Some(4));
@@ -1254,9 +1270,17 @@ mod tests {
             assert_eq!(count(), 3);
             // Page 70 is in use: the plain map takes pages 40..64 (word
             // 1), finds it in word 2 and gives them back; the indexed one
-            // finds it first. No count either way.
+            // finds it first. No count either way; the plain map counts
+            // the pages it gave back.
             assert_eq!(m.try_claim(40, 40), Err(70));
             assert_eq!(count(), 3);
+            assert_eq!(given(), plain as u64);
+            // It takes page 69 and gives it back; a collision on its
+            // first page gives back nothing.
+            assert_eq!(m.try_claim(69, 2), Err(70));
+            assert_eq!(given(), 2 * plain as u64);
+            assert_eq!(m.try_claim(70, 2), Err(70));
+            assert_eq!((count(), given()), (3, 2 * plain as u64));
             assert_eq!(m.claim_run(200, pages, 0), None);
             assert_eq!(m.try_claim(90, 0), Ok(()));
             assert_eq!(count(), 3);
@@ -1269,6 +1293,7 @@ mod tests {
             assert_eq!(m.claim_run_aligned(2, 2, pages, 0), None);
             assert_eq!(m.claim_best(1, 0, pages), None);
             assert_eq!(count(), full);
+            assert_eq!(given(), 2 * plain as u64);
         }
     }
 
@@ -1328,17 +1353,17 @@ mod tests {
     /// Threads that claim single pages of one word through counting
     /// views, colliding on its bits, and give them back: every claim that
     /// lost its bit took its count back, so the count is the number of
-    /// claims made.
+    /// claims made; none gave back a page (a lost bit was never taken).
     #[test]
     #[cfg_attr(miri, ignore)] // many thousands of claims on every thread
     fn colliding_claims_take_their_counts_back() {
         let (w, f) = zeroed(32);
-        let begun = AtomicU64::new(0);
+        let (begun, given_back) = (AtomicU64::new(0), AtomicU64::new(0));
         let made = AtomicU64::new(0);
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {
-                    let m = PageMap::new(&w, &f).counting(&begun);
+                    let m = PageMap::new(&w, &f).counting(&begun, &given_back);
                     for _ in 0..20_000 {
                         if let Some(p) = m.claim_one(0, 32) {
                             made.fetch_add(1, Ordering::Relaxed);
@@ -1349,5 +1374,6 @@ mod tests {
             }
         });
         assert_eq!(begun.load(Ordering::Relaxed), made.load(Ordering::Relaxed));
+        assert_eq!(given_back.load(Ordering::Relaxed), 0);
     }
 }

@@ -102,6 +102,12 @@ pub struct Counters {
     /// waits for the page to show its class. On a host only: a kernel's
     /// heap leaves it at 0.
     pub activations_begun: AtomicU64,
+    /// Claims of class-page units that collided with another claim after
+    /// they took some units, and gave those back (counted before their
+    /// activation count is taken back): a search that found the units
+    /// taken searches again once it reads this count moved. On a host
+    /// only, as [`activations_begun`](Self::activations_begun).
+    pub claims_given_back: AtomicU64,
 }
 
 impl Counters {
@@ -157,6 +163,7 @@ impl Counters {
             transit_waits: AtomicU64::new(0),
             releases_begun: AtomicU64::new(0),
             activations_begun: AtomicU64::new(0),
+            claims_given_back: AtomicU64::new(0),
         }
     }
 

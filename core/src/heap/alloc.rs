@@ -399,9 +399,10 @@ impl<W: Word> Heap<'_, W> {
         {
             return Ok(()); // someone else is installing or installed one
         }
-        // Before the search of the page map: a page retired after it gave
+        // Before the search of the page map: a page retired after it, or
+        // a colliding claim that gave back units it had taken, returned
         // units that search did not see (`reserve_by_scan_or_fail`).
-        let retired = self.retired_count();
+        let retired = self.returned_count();
         match self.acquire_page(class, slot) {
             Ok(p) => {
                 cache.store(p + 1, Ordering::Release);
@@ -600,7 +601,10 @@ impl<W: Word> Heap<'_, W> {
         // without one counts them in `activate`.
         let map = self.tallied(Tally::ClassPage);
         let map = match COUNTS_ACTIVATIONS {
-            true => map.counting(&self.counters().activations_begun),
+            true => map.counting(
+                &self.counters().activations_begun,
+                &self.counters().claims_given_back,
+            ),
             false => map,
         };
         // Aligned to the largest power of two that divides the page's
@@ -635,11 +639,13 @@ impl<W: Word> Heap<'_, W> {
     /// free blocks are reported as exhaustion only when they stay out of
     /// reach.
     ///
-    /// A page retired since `retired` was read ([`Heap::retired_count`],
+    /// A page retired since `retired` was read ([`Heap::returned_count`],
     /// before the caller's search of the page map where it made one) gave
     /// its units back to the page map: then the caller searches again
     /// instead of failing (also after retirements of its own search's
-    /// scavenge: one more round, on a path that fails anyway). A page on
+    /// scavenge: one more round, on a path that fails anyway); so does,
+    /// on a host, a claim that collided and gave back units it had taken
+    /// (which the caller's search may have found taken). A page on
     /// its way there (retired, its release not ended) counts as in
     /// transit: a scavenge may retire the very page this scan waited for.
     /// So is, on a host, a page whose units the caller's search found
@@ -672,10 +678,26 @@ impl<W: Word> Heap<'_, W> {
                 _ => break,
             }
         }
-        match self.retired_count() != retired {
+        match self.returned_count() != retired {
             true => Ok(()),
             false => Err(AllocError::OutOfMemory),
         }
+    }
+
+    /// Events that returned units to the page map: pages whose release
+    /// has ended and, on a host ([`COUNTS_ACTIVATIONS`]), class-page
+    /// claims that gave back units they had taken after a collision
+    /// ([`PageMap::counting`](crate::page_map::PageMap::counting)). A sum of two counts that only grow: it
+    /// moves when either does. Read before a search of the page map, and
+    /// again once it failed: a change means units came back that the
+    /// search may not have seen.
+    #[inline(always)]
+    pub(super) fn returned_count(&self) -> u64 {
+        let given_back = match COUNTS_ACTIVATIONS {
+            true => self.counters().claims_given_back.load(Ordering::Acquire),
+            false => 0,
+        };
+        self.retired_count().wrapping_add(given_back)
     }
 
     /// Pages whose release has ended (their units back in the page map).
@@ -1037,6 +1059,37 @@ mod tests {
     #[cfg_attr(miri, ignore)] // as above
     fn an_allocation_waits_for_another_class_s_page_being_retired() {
         alloc_while_a_page_retires(128, true);
+    }
+
+    /// An allocation of one-unit pages (which no span serves instead)
+    /// whose search of the page map finds the heap's units taken by
+    /// another thread's claim of a class page of several units, which
+    /// then collides and gives them back (as it does when another claim
+    /// took one of its units first): it waits for the claim, counted as
+    /// begun, and once the claim has given its units back (counted) and
+    /// taken its count back, searches again and takes one, instead of
+    /// reporting exhaustion. The other thread's steps are written out
+    /// here, in the order the page map's `try_claim` makes them
+    /// (`a_counting_view_counts_the_claims_that_keep_their_pages` tests
+    /// those).
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn an_allocation_searches_again_after_a_claim_gave_its_units_back() {
+        let owned = OwnedHeap::<u32>::new(2, 2).unwrap();
+        let heap = owned.heap();
+        assert_eq!(heap.geometry().page_units(class_of(256).unwrap()), 1);
+        let c = heap.counters();
+        // The colliding claim, counted as begun, has taken both units.
+        c.activations_begun.fetch_add(1, Ordering::Relaxed);
+        assert!(heap.fence(0, 2));
+        let got = alloc_while_held(&heap, 256, |_| {
+            // SAFETY: the units were free and this test took them.
+            unsafe { heap.unfence(0, 2) };
+            c.claims_given_back.fetch_add(1, Ordering::Release);
+            c.activations_begun.fetch_sub(1, Ordering::Release);
+        });
+        let got = got.expect("a block of the units given back, not a null");
+        free_last(&heap, got);
     }
 
     /// Another slot runs out while the heap's one page is being activated

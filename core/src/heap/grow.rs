@@ -230,7 +230,7 @@ impl<W: Word> Heap<'_, W> {
     #[cold]
     fn last_resort(&self, size: usize, align: usize, slot: u32) -> Result<*mut u8, AllocError> {
         if let Some(class) = class_of_aligned(size, align) {
-            let retired = self.retired_count();
+            let retired = self.returned_count();
             if self.reserve_by_scan_or_fail(class, slot, retired).is_ok() {
                 if let Ok(p) = self.try_alloc_aligned(size, align, slot) {
                     return Ok(p);
