@@ -641,6 +641,84 @@ fn a_scan_waits_out_an_activation() {
     );
 }
 
+/// The last-resort path racing a claim of two units that collides (the
+/// page map's `try_claim` through a counting view): the claimer counts
+/// its claim as begun, takes unit 0, finds unit 1 taken (by a claim that
+/// keeps it), gives unit 0 back and takes its count back. The scanner
+/// read the count of claims given back before its search; its search
+/// finds unit 0 taken; after an acquire fence it waits while a claim is
+/// counted as begun and not ended, then searches again if the count of
+/// claims given back moved. It must end with unit 0 (free again once the
+/// claim is over), never report exhaustion. `given`: the claimer counts
+/// the give-back (`claims_given_back`); `release`: it takes its count
+/// back with a release; `given_first`: it counts the give-back before it
+/// takes its count back (else after). Returns whether some interleaving
+/// reports exhaustion. Written out as `a_scan_can_miss_an_activation` is.
+fn a_search_can_miss_a_give_back(given: bool, release: bool, given_first: bool) -> bool {
+    use cuheap_core::sync::{acquire_fence, Ordering};
+    in_some_interleaving(move || {
+        // Unit 0 free; unit 1 (and the rest of the word) taken for good.
+        let word = Arc::new(AtomicU32::new(!1));
+        let begun = Arc::new(AtomicU64::new(0));
+        let given_back = Arc::new(AtomicU64::new(0));
+        let claimer = {
+            let (word, begun, given_back) = (word.clone(), begun.clone(), given_back.clone());
+            thread::spawn(move || {
+                let count_given = || {
+                    if given {
+                        given_back.fetch_add(1, Ordering::Release);
+                    }
+                };
+                begun.fetch_add(1, Ordering::Relaxed);
+                let old = word.fetch_or(0b11, Ordering::AcqRel);
+                assert_ne!(old & 0b10, 0, "unit 1 is taken");
+                word.fetch_and(!(0b11 & !old), Ordering::Release);
+                if given_first {
+                    count_given();
+                }
+                let order = if release {
+                    Ordering::Release
+                } else {
+                    Ordering::Relaxed
+                };
+                begun.fetch_sub(1, order);
+                if !given_first {
+                    count_given();
+                }
+            })
+        };
+        let returned = given_back.load(Ordering::Acquire);
+        let exhausted = 'search: {
+            if word.load(Ordering::Relaxed) & 1 == 0 {
+                break 'search false; // unit 0 found free
+            }
+            acquire_fence();
+            // No activation ends here: the ended count stays 0.
+            while begun.load(Ordering::Acquire) != 0 {
+                thread::yield_now();
+            }
+            given_back.load(Ordering::Acquire) == returned || word.load(Ordering::Relaxed) & 1 != 0
+        };
+        claimer.join().unwrap();
+        exhausted
+    })
+}
+
+/// Each part closes one window of a claim that gives back units: without
+/// any one of them, some interleaving reports exhaustion; with all
+/// three, none does.
+#[test]
+fn a_search_sees_units_a_colliding_claim_gave_back() {
+    each_part_closes_a_window(
+        a_search_can_miss_a_give_back,
+        [
+            "the count of claims given back",
+            "the release that takes the count back",
+            "the give-back counted before the count is taken back",
+        ],
+    );
+}
+
 /// On a map with an index of free runs, claims and releases change the
 /// words, the summaries and the heap's counts with loads and stores under
 /// the index's lock (no read-modify-write). Two threads, one claiming a
