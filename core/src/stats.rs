@@ -99,14 +99,16 @@ pub struct Counters {
     /// units in the page map ([`pages_activated`](Self::pages_activated)
     /// counts those that ended; a claim that loses its units takes its
     /// count back): a last-resort scan that reads more begun than ended
-    /// waits for the page to show its class. On a host only: a kernel's
-    /// heap leaves it at 0.
+    /// waits for the page to show its class. On a heap without an index
+    /// of free runs, span claims count here too while they take their
+    /// pages (taken back once they hold them or gave them back). On a
+    /// host only: a kernel's heap leaves it at 0.
     pub activations_begun: AtomicU64,
-    /// Claims of class-page units that collided with another claim after
-    /// they took some units, and gave those back (counted before their
-    /// activation count is taken back): a search that found the units
-    /// taken searches again once it reads this count moved. On a host
-    /// only, as [`activations_begun`](Self::activations_begun).
+    /// Claims counted in [`activations_begun`](Self::activations_begun)
+    /// that collided with another claim after they took some units, and
+    /// gave those back (counted before their begun count is taken back):
+    /// a search that found the units taken searches again once it reads
+    /// this count moved. On a host only.
     pub claims_given_back: AtomicU64,
 }
 

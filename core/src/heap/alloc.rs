@@ -599,14 +599,7 @@ impl<W: Word> Heap<'_, W> {
     fn claim_units(&self, units: u32, hint: u32, floor: u32, limit: u32) -> Option<u32> {
         // An indexed map counts the units as it claims them; a heap
         // without one counts them in `activate`.
-        let map = self.tallied(Tally::ClassPage);
-        let map = match COUNTS_ACTIVATIONS {
-            true => map.counting(
-                &self.counters().activations_begun,
-                &self.counters().claims_given_back,
-            ),
-            false => map,
-        };
+        let map = self.claiming(Tally::ClassPage, COUNTS_ACTIVATIONS);
         // Aligned to the largest power of two that divides the page's
         // units: pages of 2, 4, 8 and 16 units tile aligned blocks of their
         // size, as in a buddy allocator, so an emptied heap has room for
@@ -681,6 +674,80 @@ impl<W: Word> Heap<'_, W> {
         match self.returned_count() != retired {
             true => Ok(()),
             false => Err(AllocError::OutOfMemory),
+        }
+    }
+
+    /// Whether span claims count as begun while they take their pages
+    /// (as class-page claims do until their activation ends): on a host
+    /// heap without an index of free runs, whose claims take a run a
+    /// word at a time and give back what they took when they collide, so
+    /// that a search that found the pages taken waits for the claim
+    /// ([`Heap::search_after_claims`]). An indexed heap claims under its
+    /// lock, all or nothing; a kernel's heap does not count
+    /// ([`COUNTS_ACTIVATIONS`]).
+    #[inline(always)]
+    pub(super) fn span_claims_counted(&self) -> bool {
+        COUNTS_ACTIVATIONS && !self.counts_in_map()
+    }
+
+    /// The page map for a claim of `what`, counted as begun and given
+    /// back ([`PageMap::counting`](crate::page_map::PageMap::counting))
+    /// with `counted`.
+    #[inline(always)]
+    pub(super) fn claiming(&self, what: Tally, counted: bool) -> crate::page_map::PageMap<'_> {
+        let map = self.tallied(what);
+        match counted {
+            true => map.counting(
+                &self.counters().activations_begun,
+                &self.counters().claims_given_back,
+            ),
+            false => map,
+        }
+    }
+
+    /// Ends a span claim counted as begun once it holds its pages (a
+    /// release: a search that reads the count taken back sees them taken
+    /// for good).
+    pub(super) fn end_span_claim(&self) {
+        self.counters()
+            .activations_begun
+            .fetch_sub(1, Ordering::Release);
+    }
+
+    /// After a span's searches of the page map failed, on a host heap
+    /// without an index ([`Heap::span_claims_counted`]): waits while a
+    /// claim (a class page's until its activation ends, a span's until
+    /// it holds its pages) or a page release is under way, since the
+    /// searches may have found its pages taken; then claims again with
+    /// `claim` if units came back since `returned` was read (before the
+    /// searches, [`Heap::returned_count`]), as often as they do, within
+    /// the last-resort scan's wait.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn search_after_claims(
+        &self,
+        mut returned: u64,
+        claim: impl Fn() -> Option<u32>,
+    ) -> Option<u32> {
+        let mut wait = TransitWait::default();
+        loop {
+            // The searches' loads of the page map were relaxed: the
+            // counts of the claims whose pages they saw are read after.
+            acquire_fence();
+            let activated = self.activated_count();
+            if !self.releasing() && !self.activating(activated) {
+                let now = self.returned_count();
+                if now == returned {
+                    return None;
+                }
+                returned = now;
+                if let Some(p) = claim() {
+                    return Some(p);
+                }
+            }
+            if !wait.again(self.counters()) {
+                return None;
+            }
         }
     }
 
@@ -877,7 +944,7 @@ mod tests {
     use super::{without_transit_wait, INSTALLING};
     use crate::heap::{AllocError, Heap};
     use crate::owned::OwnedHeap;
-    use crate::size_class::class_of;
+    use crate::size_class::{class_of, PAGE_SIZE};
     use crate::sync::Ordering;
     use std::time::{Duration, Instant};
 
@@ -1089,6 +1156,30 @@ mod tests {
             c.activations_begun.fetch_sub(1, Ordering::Release);
         });
         let got = got.expect("a block of the units given back, not a null");
+        free_last(&heap, got);
+    }
+
+    /// A span allocation whose search finds the heap's units taken by a
+    /// colliding claim (of a class page or a span) that then gives them
+    /// back: on a host heap without an index it waits for the claim,
+    /// counted as begun, and searches again once the give-back is
+    /// counted, instead of reporting exhaustion. The claim's steps are
+    /// written out as in the test above.
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn a_span_searches_again_after_a_claim_gave_its_units_back() {
+        let owned = OwnedHeap::<u32>::new(2, 2).unwrap();
+        let heap = owned.heap();
+        let c = heap.counters();
+        c.activations_begun.fetch_add(1, Ordering::Relaxed);
+        assert!(heap.fence(0, 2));
+        let got = alloc_while_held(&heap, 2 * PAGE_SIZE, |_| {
+            // SAFETY: the units were free and this test took them.
+            unsafe { heap.unfence(0, 2) };
+            c.claims_given_back.fetch_add(1, Ordering::Release);
+            c.activations_begun.fetch_sub(1, Ordering::Release);
+        });
+        let got = got.expect("the span of the units given back, not a null");
         free_last(&heap, got);
     }
 

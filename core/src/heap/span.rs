@@ -24,8 +24,14 @@ impl<W: Word> Heap<'_, W> {
         if pages > self.page_count as usize {
             return Err(AllocError::TooLarge);
         }
-        // On an indexed heap the claim counts the span (see `tallied`).
-        let map = self.tallied(Tally::Span);
+        // On an indexed heap the claim counts the span (see `tallied`);
+        // on a host heap without an index it is counted as begun while
+        // it takes its pages (see `span_claims_counted`).
+        let counted = self.span_claims_counted();
+        let map = self.claiming(Tally::Span, counted);
+        // Before the searches: units returned after them are searched
+        // again (`search_after_claims`).
+        let returned = if counted { self.returned_count() } else { 0 };
         // Each slot starts its search in its own part of the heap (of the
         // last growth step, on a heap that grows while kernels run).
         let limit = self.limit();
@@ -57,9 +63,15 @@ impl<W: Word> Heap<'_, W> {
             self.scavenge_near(slot);
             start = claim();
         }
+        if start.is_none() && counted {
+            start = self.search_after_claims(returned, claim);
+        }
         let Some(start) = start else {
             return Err(AllocError::OutOfMemory);
         };
+        if counted {
+            self.end_span_claim();
+        }
         // Counted (where the claim did not count it) before the stores
         // below: a locked add on the host waits for the stores before it
         // to drain, and the descriptors' lines are the ones that miss.
@@ -135,13 +147,17 @@ impl<W: Word> Heap<'_, W> {
     ///
     /// O(want - have).
     pub(super) fn grow_span(&self, page: u32, have: u32, want: u32) -> bool {
+        let counted = self.span_claims_counted();
         if page as u64 + want as u64 > self.limit() as u64
             || self
-                .tallied(Tally::SpanPart)
+                .claiming(Tally::SpanPart, counted)
                 .try_claim(page + have, want - have)
                 .is_err()
         {
             return false;
+        }
+        if counted {
+            self.end_span_claim();
         }
         self.tally(Tally::SpanPart, want - have, true);
         for p in page + have..page + want {
