@@ -1276,7 +1276,8 @@ mod tests {
             assert_eq!(count(), 3);
             assert_eq!(given(), plain as u64);
             // It takes page 69 and gives it back; a collision on its
-            // first page gives back nothing.
+            // first page, with the page after it taken too, takes and
+            // gives back nothing.
             assert_eq!(m.try_claim(69, 2), Err(70));
             assert_eq!(given(), 2 * plain as u64);
             assert_eq!(m.try_claim(70, 2), Err(70));

@@ -705,10 +705,10 @@ impl<W: Word> Heap<'_, W> {
         }
     }
 
-    /// Ends a span claim counted as begun once it holds its pages (a
-    /// release: a search that reads the count taken back sees them taken
-    /// for good).
-    pub(super) fn end_span_claim(&self) {
+    /// Ends a claim counted as begun (a span's, a fence's) once it holds
+    /// its pages (a release: a search that reads the count taken back
+    /// sees them taken for good).
+    pub(super) fn end_claim(&self) {
         self.counters()
             .activations_begun
             .fetch_sub(1, Ordering::Release);
@@ -720,8 +720,10 @@ impl<W: Word> Heap<'_, W> {
     /// it holds its pages) or a page release is under way, since the
     /// searches may have found its pages taken; then claims again with
     /// `claim` if units came back since `returned` was read (before the
-    /// searches, [`Heap::returned_count`]), as often as they do, within
-    /// the last-resort scan's wait.
+    /// searches, [`Heap::returned_count`]), within the last-resort scan's
+    /// wait and at most [`SCAN_ROUNDS`] times: on a busy heap units come
+    /// back all the time, and a span that fits nowhere should not wait
+    /// out the whole wait.
     #[cold]
     #[inline(never)]
     pub(super) fn search_after_claims(
@@ -730,6 +732,7 @@ impl<W: Word> Heap<'_, W> {
         claim: impl Fn() -> Option<u32>,
     ) -> Option<u32> {
         let mut wait = TransitWait::default();
+        let mut claims = 0;
         loop {
             // The searches' loads of the page map were relaxed: the
             // counts of the claims whose pages they saw are read after.
@@ -737,10 +740,10 @@ impl<W: Word> Heap<'_, W> {
             let activated = self.activated_count();
             if !self.releasing() && !self.activating(activated) {
                 let now = self.returned_count();
-                if now == returned {
+                if now == returned || claims == SCAN_ROUNDS {
                     return None;
                 }
-                returned = now;
+                (returned, claims) = (now, claims + 1);
                 if let Some(p) = claim() {
                     return Some(p);
                 }
@@ -752,8 +755,9 @@ impl<W: Word> Heap<'_, W> {
     }
 
     /// Events that returned units to the page map: pages whose release
-    /// has ended and, on a host ([`COUNTS_ACTIVATIONS`]), class-page
-    /// claims that gave back units they had taken after a collision
+    /// has ended and, on a host ([`COUNTS_ACTIVATIONS`]), counted claims
+    /// (class pages', and spans' and fences' on a heap without an index)
+    /// that gave back units they had taken after a collision
     /// ([`PageMap::counting`](crate::page_map::PageMap::counting)). A sum of two counts that only grow: it
     /// moves when either does. Read before a search of the page map, and
     /// again once it failed: a change means units came back that the

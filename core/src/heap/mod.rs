@@ -323,11 +323,12 @@ impl<'a, W: Word> Heap<'a, W> {
         }
     }
 
-    /// Whether claims and releases through [`Heap::tallied`] count
-    /// themselves: the heap keeps an index of free runs (never on the
-    /// GPU).
+    /// Whether the heap keeps an index of free runs ([`Heap::index_runs`];
+    /// never on the GPU): then every claim and release of its page map
+    /// is made under the index's lock, all or nothing, and claims and
+    /// releases through [`Heap::tallied`] count themselves there.
     #[inline(always)]
-    fn counts_in_map(&self) -> bool {
+    pub fn counts_in_map(&self) -> bool {
         #[cfg(not(target_arch = "nvptx64"))]
         {
             self.placement() & Placement::INDEXED != 0
@@ -439,7 +440,25 @@ impl<'a, W: Word> Heap<'a, W> {
     /// O((to - from) / 32) atomics.
     pub fn fence(&self, from: u32, to: u32) -> bool {
         let to = to.min(self.page_count);
-        from >= to || self.map().try_claim(from, to - from).is_ok()
+        if from >= to {
+            return true;
+        }
+        // Counted as a span's claim is, where spans' are (a claim that
+        // collides gives back what it took: see `search_after_claims`);
+        // the pages are not counted in the footprint.
+        let counted = self.span_claims_counted();
+        let map = match counted {
+            true => self.map().counting(
+                &self.counters().activations_begun,
+                &self.counters().claims_given_back,
+            ),
+            false => self.map(),
+        };
+        let fenced = map.try_claim(from, to - from).is_ok();
+        if fenced && counted {
+            self.end_claim();
+        }
+        fenced
     }
 
     /// Returns fenced pages `from..to` to service (a growing owner maps

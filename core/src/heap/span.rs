@@ -63,14 +63,16 @@ impl<W: Word> Heap<'_, W> {
             self.scavenge_near(slot);
             start = claim();
         }
-        if start.is_none() && counted {
+        // Not on a heap that grows: its host is asked in the meantime
+        // (see `alloc_growing`), and the wait would hold the ask back.
+        if start.is_none() && counted && !self.may_grow() {
             start = self.search_after_claims(returned, claim);
         }
         let Some(start) = start else {
             return Err(AllocError::OutOfMemory);
         };
         if counted {
-            self.end_span_claim();
+            self.end_claim();
         }
         // Counted (where the claim did not count it) before the stores
         // below: a locked add on the host waits for the stores before it
@@ -103,7 +105,8 @@ impl<W: Word> Heap<'_, W> {
             return Err(self.bad_free(FreeError::NotAllocated));
         }
         let n = head.span.load(Ordering::Relaxed);
-        // Counted before the stores, as in `try_span`.
+        // Counted before the stores, as in `try_span` (on an indexed heap
+        // `release_run` counts, after them).
         self.tally(Tally::Span, n, false);
         for p in page..page + n {
             self.descs()[p as usize]
@@ -157,7 +160,7 @@ impl<W: Word> Heap<'_, W> {
             return false;
         }
         if counted {
-            self.end_span_claim();
+            self.end_claim();
         }
         self.tally(Tally::SpanPart, want - have, true);
         for p in page + have..page + want {

@@ -595,10 +595,11 @@ impl<B: Backend> Pool<B> {
     /// before it reports exhaustion waits ([`Pool::last_try`]).
     fn heap_block_now(&self, size: usize, slot: u32) -> Option<u64> {
         let heap = self.heap();
-        let p = match size <= MAX_CLASS_SIZE {
+        // A span's search on an indexed heap (the default) never waits: no
+        // thread-local setting to change and restore. Without an index
+        // it waits for claims under way (see `Heap::counts_in_map`).
+        let p = match size <= MAX_CLASS_SIZE || !heap.counts_in_map() {
             true => without_transit_wait(|| heap.alloc(size, slot)),
-            // A span's search never waits: no thread-local setting to
-            // change and restore.
             false => heap.alloc(size, slot),
         };
         p.ok().map(|p| p as usize as u64)
