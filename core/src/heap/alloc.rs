@@ -695,7 +695,17 @@ impl<W: Word> Heap<'_, W> {
     /// with `counted`.
     #[inline(always)]
     pub(super) fn claiming(&self, what: Tally, counted: bool) -> crate::page_map::PageMap<'_> {
-        let map = self.tallied(what);
+        self.counting_if(self.tallied(what), counted)
+    }
+
+    /// `map`, counting its claims as begun and given back with
+    /// `counted` (see [`Heap::claiming`]).
+    #[inline(always)]
+    pub(super) fn counting_if<'m>(
+        &'m self,
+        map: crate::page_map::PageMap<'m>,
+        counted: bool,
+    ) -> crate::page_map::PageMap<'m> {
         match counted {
             true => map.counting(
                 &self.counters().activations_begun,
@@ -1132,59 +1142,56 @@ mod tests {
         alloc_while_a_page_retires(128, true);
     }
 
-    /// An allocation of one-unit pages (which no span serves instead)
-    /// whose search of the page map finds the heap's units taken by
-    /// another thread's claim of a class page of several units, which
-    /// then collides and gives them back (as it does when another claim
-    /// took one of its units first): it waits for the claim, counted as
-    /// begun, and once the claim has given its units back (counted) and
-    /// taken its count back, searches again and takes one, instead of
-    /// reporting exhaustion. The other thread's steps are written out
-    /// here, in the order the page map's `try_claim` makes them
+    /// An allocation of `size` bytes on a heap of two free units, both
+    /// taken by another thread's claim, which then collides and gives
+    /// them back (as a claim of several units does when another claim
+    /// took one of them first). The claim's steps are written out, in the
+    /// order the page map's `try_claim` makes them
     /// (`a_counting_view_counts_the_claims_that_keep_their_pages` tests
-    /// those).
-    #[test]
-    #[cfg_attr(miri, ignore)] // as above
-    fn an_allocation_searches_again_after_a_claim_gave_its_units_back() {
+    /// those): counted as begun, the units taken; once the allocation
+    /// waits, the units given back, the give-back counted, the begun
+    /// count taken back. Returns what the allocation got (the heap's
+    /// invariants checked after its free).
+    fn alloc_past_a_give_back(size: usize) -> Result<(), AllocError> {
         let owned = OwnedHeap::<u32>::new(2, 2).unwrap();
         let heap = owned.heap();
-        assert_eq!(heap.geometry().page_units(class_of(256).unwrap()), 1);
         let c = heap.counters();
-        // The colliding claim, counted as begun, has taken both units.
         c.activations_begun.fetch_add(1, Ordering::Relaxed);
         assert!(heap.fence(0, 2));
-        let got = alloc_while_held(&heap, 256, |_| {
+        let got = alloc_while_held(&heap, size, |_| {
             // SAFETY: the units were free and this test took them.
             unsafe { heap.unfence(0, 2) };
             c.claims_given_back.fetch_add(1, Ordering::Release);
             c.activations_begun.fetch_sub(1, Ordering::Release);
         });
-        let got = got.expect("a block of the units given back, not a null");
-        free_last(&heap, got);
+        got.map(|p| free_last(&heap, p))
+    }
+
+    /// An allocation of one-unit pages (which no span serves instead)
+    /// whose search of the page map finds the heap's units taken by a
+    /// colliding claim: it waits for the claim, counted as begun, and
+    /// once the claim has given its units back (counted) and taken its
+    /// count back, searches again and takes one, instead of reporting
+    /// exhaustion.
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn an_allocation_searches_again_after_a_claim_gave_its_units_back() {
+        let one_unit = OwnedHeap::<u32>::new(2, 2).unwrap();
+        let class = class_of(256).unwrap();
+        assert_eq!(one_unit.heap().geometry().page_units(class), 1);
+        alloc_past_a_give_back(256).expect("a block of the units given back, not a null");
     }
 
     /// A span allocation whose search finds the heap's units taken by a
     /// colliding claim (of a class page or a span) that then gives them
     /// back: on a host heap without an index it waits for the claim,
     /// counted as begun, and searches again once the give-back is
-    /// counted, instead of reporting exhaustion. The claim's steps are
-    /// written out as in the test above.
+    /// counted, instead of reporting exhaustion.
     #[test]
     #[cfg_attr(miri, ignore)] // as above
     fn a_span_searches_again_after_a_claim_gave_its_units_back() {
-        let owned = OwnedHeap::<u32>::new(2, 2).unwrap();
-        let heap = owned.heap();
-        let c = heap.counters();
-        c.activations_begun.fetch_add(1, Ordering::Relaxed);
-        assert!(heap.fence(0, 2));
-        let got = alloc_while_held(&heap, 2 * PAGE_SIZE, |_| {
-            // SAFETY: the units were free and this test took them.
-            unsafe { heap.unfence(0, 2) };
-            c.claims_given_back.fetch_add(1, Ordering::Release);
-            c.activations_begun.fetch_sub(1, Ordering::Release);
-        });
-        let got = got.expect("the span of the units given back, not a null");
-        free_last(&heap, got);
+        alloc_past_a_give_back(2 * PAGE_SIZE)
+            .expect("the span of the units given back, not a null");
     }
 
     /// Another slot runs out while the heap's one page is being activated

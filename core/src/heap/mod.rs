@@ -447,14 +447,10 @@ impl<'a, W: Word> Heap<'a, W> {
         // collides gives back what it took: see `search_after_claims`);
         // the pages are not counted in the footprint.
         let counted = self.span_claims_counted();
-        let map = match counted {
-            true => self.map().counting(
-                &self.counters().activations_begun,
-                &self.counters().claims_given_back,
-            ),
-            false => self.map(),
-        };
-        let fenced = map.try_claim(from, to - from).is_ok();
+        let fenced = self
+            .counting_if(self.map(), counted)
+            .try_claim(from, to - from)
+            .is_ok();
         if fenced && counted {
             self.end_claim();
         }
