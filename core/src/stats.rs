@@ -92,8 +92,11 @@ pub struct Counters {
     /// `TRANSIT_WAIT` in the heap's allocation path).
     pub transit_waits: AtomicU64,
     /// Page releases begun ([`pages_retired`](Self::pages_retired) counts
-    /// those that ended): a last-resort scan that reads more begun than
-    /// ended waits for the units on their way back to the page map.
+    /// those that ended): a last-resort scan, or on a host a span's search
+    /// of a heap without an index, that reads more begun than ended waits
+    /// for the units on their way back to the page map. On a host counted
+    /// before the retiring CAS (and taken back if it fails), in a kernel
+    /// after it.
     pub releases_begun: AtomicU64,
     /// Class-page activations begun, counted before the claim of their
     /// units in the page map ([`pages_activated`](Self::pages_activated)

@@ -537,6 +537,104 @@ fn a_scan_waits_out_a_retirement() {
     );
 }
 
+/// A span's search on a host heap without an index (`Heap::try_span`,
+/// then `Heap::search_after_claims`) racing a scavenge that retires the
+/// one class page whose unit the span needs, all of whose blocks are free
+/// (`Heap::try_retire`, `Heap::release_units`, `Heap::end_release`). The
+/// search's own scavenge (`scavenge_near`) tries to retire the page too;
+/// once the other's CAS has won, the search claims the unit (one bit),
+/// finds it taken, waits while a release reads begun and not ended, and
+/// claims again if the count of ended releases moved. A span's search
+/// reads no descriptor: the count is all it has. It must get the unit,
+/// never report exhaustion. `count_before_cas`: the release is counted as
+/// begun before the retiring CAS, the count taken back if the CAS fails
+/// (else after the CAS, as `release_units` counted it before);
+/// `count_first`: the count of ended releases read before the scavenge
+/// and the claim (else after the claim). The search's acquire fence after its
+/// claims is modelled as the code makes it (`search_after_claims`; loom
+/// finds no interleaving that loses without it here, since it takes the
+/// failed CAS's read as ordered). Returns whether some interleaving
+/// reports exhaustion.
+fn a_span_search_can_miss_a_retirement(count_before_cas: bool, count_first: bool) -> bool {
+    use cuheap_core::sync::{acquire_fence, Ordering};
+    in_some_interleaving(move || {
+        let d = Arc::new(PageDesc::new());
+        d.activate(0, 1);
+        // Bit 0: the page's unit, taken while the page is a class page.
+        let word = Arc::new(AtomicU32::new(1));
+        let begun = Arc::new(AtomicU64::new(0));
+        let ended = Arc::new(AtomicU64::new(0));
+        // A scavenge's retirement of the page; whether its CAS won.
+        let retire = move |d: &PageDesc, word: &AtomicU32, begun: &AtomicU64, ended: &AtomicU64| {
+            if count_before_cas {
+                begun.fetch_add(1, Ordering::Relaxed);
+            }
+            if !d.try_retire(0, 1, false) {
+                if count_before_cas {
+                    begun.fetch_sub(1, Ordering::Relaxed);
+                }
+                return false;
+            }
+            if !count_before_cas {
+                begun.fetch_add(1, Ordering::Relaxed);
+            }
+            word.fetch_and(!1, Ordering::Release);
+            ended.fetch_add(1, Ordering::Release);
+            true
+        };
+        let retirer = {
+            let (d, word) = (d.clone(), word.clone());
+            let (begun, ended) = (begun.clone(), ended.clone());
+            thread::spawn(move || {
+                retire(&d, &word, &begun, &ended);
+            })
+        };
+        let mut before = ended.load(Ordering::Acquire);
+        let exhausted = 'search: {
+            if retire(&d, &word, &begun, &ended) {
+                break 'search false; // its own scavenge freed the unit
+            }
+            if word.load(Ordering::Relaxed) & 1 == 0 {
+                break 'search false;
+            }
+            if !count_first {
+                before = ended.load(Ordering::Acquire);
+            }
+            acquire_fence();
+            loop {
+                let e = ended.load(Ordering::Acquire);
+                if begun.load(Ordering::Acquire) == e {
+                    break;
+                }
+                thread::yield_now();
+            }
+            if ended.load(Ordering::Acquire) != before {
+                assert_eq!(word.load(Ordering::Relaxed) & 1, 0, "the unit is back");
+                break 'search false;
+            }
+            true
+        };
+        retirer.join().unwrap();
+        exhausted
+    })
+}
+
+/// Each part closes one window of a span's search racing a retirement:
+/// without either, some interleaving reports exhaustion; with both, none
+/// does.
+#[test]
+fn a_span_search_waits_out_a_retirement() {
+    assert!(
+        a_span_search_can_miss_a_retirement(false, true),
+        "loom found no interleaving that loses with the release counted after the retiring CAS"
+    );
+    assert!(
+        a_span_search_can_miss_a_retirement(true, false),
+        "loom found no interleaving that loses with the count read after the search"
+    );
+    assert!(!a_span_search_can_miss_a_retirement(true, true));
+}
+
 /// Asserts that `loses`, a model of three parts each on or off, reports
 /// a loss in some interleaving with any one part off and in none with
 /// all three on; `parts` names them for the messages.

@@ -1103,7 +1103,7 @@ mod tests {
         assert_eq!(units, 1, "a page of the size fits in the heap");
         let class = class_of(256).unwrap();
         let cap = heap.geometry().blocks_per_page(class);
-        let retire = || assert!(heap.descs()[page as usize].try_retire(class, cap, false));
+        let retire = || assert!(heap.try_retire(page, class, cap, false));
         if retired_first {
             retire();
         }
@@ -1112,9 +1112,7 @@ mod tests {
                 retire();
                 waits_again()
             };
-            heap.release_units(page, class);
-            let released = waits_again();
-            heap.end_release();
+            let released = release_after_a_wait(&heap, page, class, waits_again);
             assert!(retired, "the allocation gave up on the retired page");
             assert!(released, "the allocation gave up on a release not ended");
         });
@@ -1122,6 +1120,22 @@ mod tests {
             &heap,
             got.expect("a block from the retired page's units, not a null"),
         );
+    }
+
+    /// Gives the retired `page` of `class` back to the page map as a
+    /// scavenge does, ending the release only once the allocation has
+    /// waited again (`waits_again`, from [`alloc_while_held`]); whether it
+    /// did.
+    fn release_after_a_wait(
+        heap: &Heap<'_, u32>,
+        page: u32,
+        class: u32,
+        waits_again: &dyn Fn() -> bool,
+    ) -> bool {
+        heap.release_units(page, class);
+        let released = waits_again();
+        heap.end_release();
+        released
     }
 
     /// The allocation waits for the page of its class off its list, and
@@ -1140,6 +1154,32 @@ mod tests {
     #[cfg_attr(miri, ignore)] // as above
     fn an_allocation_waits_for_another_class_s_page_being_retired() {
         alloc_while_a_page_retires(128, true);
+    }
+
+    /// A span allocation on a host heap without an index, whose search
+    /// finds one of the heap's two units taken by a class page that a
+    /// scavenge has retired (its CAS made) and not yet given back: the
+    /// release is counted as begun from the CAS on, so the allocation
+    /// waits for it, and takes the span once the release has ended,
+    /// instead of reporting exhaustion (before, the release was counted
+    /// only once its units were on their way back).
+    #[test]
+    #[cfg_attr(miri, ignore)] // as above
+    fn a_span_waits_for_a_page_retired_and_not_yet_released() {
+        let owned = OwnedHeap::<u32>::new(2, 2).unwrap();
+        let heap = owned.heap();
+        let page = one_page_off_its_list(&heap);
+        let class = class_of(256).unwrap();
+        let cap = heap.geometry().blocks_per_page(class);
+        assert!(heap.try_retire(page, class, cap, false));
+        let got = alloc_while_held(&heap, 2 * PAGE_SIZE, |waits_again| {
+            let released = release_after_a_wait(&heap, page, class, waits_again);
+            assert!(released, "the allocation gave up on a release not ended");
+        });
+        free_last(
+            &heap,
+            got.expect("the span of the retired page's units, not a null"),
+        );
     }
 
     /// An allocation of `size` bytes on a heap of two free units, both

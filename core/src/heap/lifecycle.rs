@@ -78,7 +78,7 @@ impl<W: Word> Heap<'_, W> {
         let class = a.class - 1;
         let d = &self.descs()[page as usize];
         let cap = self.geometry().blocks_per_page(class);
-        if a.free >= cap as i64 && d.try_retire(class, cap, true) {
+        if a.free >= cap as i64 && self.try_retire(page, class, cap, true) {
             self.release_page(page, class);
         } else if a.free >= list_threshold(cap) as i64 {
             // Listed under the class `unfloat` saw: the page may serve
@@ -89,14 +89,45 @@ impl<W: Word> Heap<'_, W> {
         }
     }
 
-    /// Gives a retired page's units back to the page map.
+    /// Retires the page at `page`, of `class` and `cap` blocks, if all of
+    /// them are free and unreserved and its floating flag is `floating`
+    /// ([`PageDesc::try_retire`](crate::page::PageDesc::try_retire)); the
+    /// caller then gives its units back ([`Heap::release_page`]).
+    ///
+    /// On a host the release is counted as begun before the retiring CAS,
+    /// and the count taken back if the CAS fails. From the CAS until
+    /// [`Heap::release_units`] gives them back, the page's units read as
+    /// taken in the page map: a span's search on a heap without an index
+    /// ([`Heap::search_after_claims`]), which reads no descriptor, waits
+    /// for the release only if it is counted by then. A search that saw
+    /// the page retired (a scavenge's CAS on it that failed, then its
+    /// acquire fence) reads the count. In a kernel the count is made by
+    /// `release_units` (no span search there waits).
+    #[inline(always)]
+    pub(super) fn try_retire(&self, page: u32, class: u32, cap: u32, floating: bool) -> bool {
+        let d = &self.descs()[page as usize];
+        if !COUNTS_ACTIVATIONS {
+            return d.try_retire(class, cap, floating);
+        }
+        let begun = &self.counters().releases_begun;
+        // Before the CAS, whose release publishes it.
+        begun.fetch_add(1, Ordering::Relaxed);
+        let retired = d.try_retire(class, cap, floating);
+        if !retired {
+            begun.fetch_sub(1, Ordering::Relaxed);
+        }
+        retired
+    }
+
+    /// Gives a page [`Heap::try_retire`] retired back to the page map.
     pub(super) fn release_page(&self, page: u32, class: u32) {
         self.release_units(page, class);
         self.end_release();
     }
 
     /// The first part of [`Heap::release_page`]: the page's units back in
-    /// the page map, the release counted as begun.
+    /// the page map, the release counted as begun (in a kernel here; on a
+    /// host by [`Heap::try_retire`], before).
     ///
     /// A last-resort scan must not miss the units on their way: it waits
     /// for a page whose `kind` still names its class while its count reads
@@ -105,10 +136,12 @@ impl<W: Word> Heap<'_, W> {
     /// to [`Heap::end_release`]); counted before the store (which
     /// releases), so a scan that reads `KIND_FREE` reads the count too.
     pub(super) fn release_units(&self, page: u32, class: u32) {
-        // Before the `kind` stores, whose release publishes it.
-        self.counters()
-            .releases_begun
-            .fetch_add(1, Ordering::Relaxed);
+        if !COUNTS_ACTIVATIONS {
+            // Before the `kind` stores, whose release publishes it.
+            self.counters()
+                .releases_begun
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let units = self.geometry().page_units(class);
         for p in page..page + units {
             let d = &self.descs()[p as usize];
@@ -161,11 +194,11 @@ impl<W: Word> Heap<'_, W> {
                 let cap = self.geometry().blocks_per_page(class);
                 let mut kept = 0u32; // private chain through `next`, page + 1
                 while let Some(p) = list.pop(self.next_of()) {
-                    let d = &self.descs()[p as usize];
-                    if d.try_retire(class, cap, false) {
+                    if self.try_retire(p, class, cap, false) {
                         self.release_page(p, class);
                         retired += 1;
                     } else {
+                        let d = &self.descs()[p as usize];
                         d.next.store(kept, Ordering::Relaxed);
                         kept = p + 1;
                     }
