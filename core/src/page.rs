@@ -229,10 +229,21 @@ impl PageDesc {
     /// unreserved, and whose floating flag is `floating`; fails if anything
     /// differs.
     pub fn try_retire(&self, class: u32, cap: u32, floating: bool) -> bool {
-        let full = all_free(class, cap) + if floating { FLOAT } else { 0 };
         self.avail
-            .compare_exchange(full, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(
+                retirable_at(class, cap, floating),
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
             .is_ok()
+    }
+
+    /// Whether [`PageDesc::try_retire`] would retire the page now, read
+    /// with a load: a caller that pays for every attempt (a count made
+    /// before the CAS) tries only pages that read as retirable.
+    pub fn retirable(&self, class: u32, cap: u32, floating: bool) -> bool {
+        self.avail.load(Ordering::Relaxed) == retirable_at(class, cap, floating)
     }
 
     /// The current value (checks and statistics).
@@ -253,6 +264,12 @@ impl Default for PageDesc {
 #[inline(always)]
 const fn all_free(class: u32, cap: u32) -> u64 {
     CLASS * (class as u64 + 1) + LIVE + cap as u64
+}
+
+/// `avail` of a page that retiring takes: [`all_free`], floating or not.
+#[inline(always)]
+const fn retirable_at(class: u32, cap: u32, floating: bool) -> u64 {
+    all_free(class, cap) + if floating { FLOAT } else { 0 }
 }
 
 #[inline(always)]
@@ -308,6 +325,7 @@ mod tests {
         assert_eq!(d.take(8).free, 6);
         assert_eq!(d.add(2).free, 0);
         assert!(d.float().floating);
+        assert!(!d.retirable(2, 10, true));
         assert!(!d.try_retire(2, 10, true));
         assert!(!d.try_retire(1, 10, true), "another class's page");
         assert_eq!(
@@ -319,7 +337,11 @@ mod tests {
                 class: 3,
             }
         );
+        assert!(!d.retirable(2, 10, false), "floating");
+        assert!(!d.retirable(1, 10, true), "another class's page");
+        assert!(d.retirable(2, 10, true));
         assert!(d.try_retire(2, 10, true));
+        assert!(!d.retirable(2, 10, true), "retired");
         assert_eq!(
             d.now(),
             Avail {

@@ -542,19 +542,20 @@ fn a_scan_waits_out_a_retirement() {
 /// one class page whose unit the span needs, all of whose blocks are free
 /// (`Heap::try_retire`, `Heap::release_units`, `Heap::end_release`). The
 /// search's own scavenge (`scavenge_near`) tries to retire the page too;
-/// once the other's CAS has won, the search claims the unit (one bit),
-/// finds it taken, waits while a release reads begun and not ended, and
-/// claims again if the count of ended releases moved. A span's search
-/// reads no descriptor: the count is all it has. It must get the unit,
-/// never report exhaustion. `count_before_cas`: the release is counted as
-/// begun before the retiring CAS, the count taken back if the CAS fails
-/// (else after the CAS, as `release_units` counted it before);
-/// `count_first`: the count of ended releases read before the scavenge
-/// and the claim (else after the claim). The search's acquire fence after its
-/// claims is modelled as the code makes it (`search_after_claims`; loom
-/// finds no interleaving that loses without it here, since it takes the
-/// failed CAS's read as ordered). Returns whether some interleaving
-/// reports exhaustion.
+/// once the other's CAS has won (the search's load or CAS reads the page
+/// retired), the search claims the unit (one bit), finds it taken, waits
+/// while a release reads begun and not ended, and claims again if the
+/// count of ended releases moved. Its search of the page map reads no
+/// descriptor: the count is all it has. It must get the unit, never
+/// report exhaustion. `count_before_cas`: the release is counted as begun
+/// before the retiring CAS of a page that reads as retirable, the count
+/// taken back if the CAS fails (else after the CAS, as `release_units`
+/// counted it before); `count_first`: the count of ended releases read
+/// before the scavenge and the claim (else after the claim). The search's
+/// acquire fence after its claims is modelled as the code makes it
+/// (`search_after_claims`; loom finds no interleaving of this model that
+/// loses without it, so it is not a part here). Returns whether some
+/// interleaving reports exhaustion.
 fn a_span_search_can_miss_a_retirement(count_before_cas: bool, count_first: bool) -> bool {
     use cuheap_core::sync::{acquire_fence, Ordering};
     in_some_interleaving(move || {
@@ -567,6 +568,10 @@ fn a_span_search_can_miss_a_retirement(count_before_cas: bool, count_first: bool
         // A scavenge's retirement of the page; whether its CAS won.
         let retire = move |d: &PageDesc, word: &AtomicU32, begun: &AtomicU64, ended: &AtomicU64| {
             if count_before_cas {
+                // Only a page that reads as retirable is tried.
+                if !d.retirable(0, 1, false) {
+                    return false;
+                }
                 begun.fetch_add(1, Ordering::Relaxed);
             }
             if !d.try_retire(0, 1, false) {

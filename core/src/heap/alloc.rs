@@ -787,8 +787,10 @@ impl<W: Word> Heap<'_, W> {
         self.counters().pages_retired.load(Ordering::Acquire)
     }
 
-    /// Whether a page release has begun and not ended
-    /// ([`Heap::release_units`]).
+    /// Whether a page release has begun and not ended: counted as begun
+    /// from its retiring CAS on a host ([`Heap::try_retire`], which also
+    /// counts an attempt while its CAS runs), from [`Heap::release_units`]
+    /// in a kernel.
     fn releasing(&self) -> bool {
         // Ended first: every release is counted as begun before it is as
         // ended, so begun, read after, is at least ended, read before.
@@ -1007,7 +1009,7 @@ mod tests {
         assert_eq!(
             heap.geometry().page_units(class),
             1,
-            "one page fills the heap"
+            "a page of 256 B blocks takes one unit"
         );
         let first = heap.alloc(256, 0).unwrap();
         let cache = heap.slot_cache(class, 0);

@@ -95,7 +95,11 @@ impl<W: Word> Heap<'_, W> {
     /// caller then gives its units back ([`Heap::release_page`]).
     ///
     /// On a host the release is counted as begun before the retiring CAS,
-    /// and the count taken back if the CAS fails. From the CAS until
+    /// and the count taken back if the CAS fails; only a page that reads
+    /// as retirable is tried (a scavenge pops many pages still in use,
+    /// and each attempt would cost two locked instructions on a shared
+    /// count). A retirement itself costs what it did: the count moved
+    /// here from `release_units`. From the CAS until
     /// [`Heap::release_units`] gives them back, the page's units read as
     /// taken in the page map: a span's search on a heap without an index
     /// ([`Heap::search_after_claims`]), which reads no descriptor, waits
@@ -108,6 +112,9 @@ impl<W: Word> Heap<'_, W> {
         let d = &self.descs()[page as usize];
         if !COUNTS_ACTIVATIONS {
             return d.try_retire(class, cap, floating);
+        }
+        if !d.retirable(class, cap, floating) {
+            return false;
         }
         let begun = &self.counters().releases_begun;
         // Before the CAS, whose release publishes it.
