@@ -105,8 +105,8 @@ impl<W: Word> Heap<'_, W> {
     /// ([`Heap::search_after_claims`]), which reads no descriptor, waits
     /// for the release only if it is counted by then. A search that saw
     /// the page retired (its own scavenge's load or failed CAS on it,
-    /// then its acquire fence) reads the count. In a kernel the count is made by
-    /// `release_units` (no span search there waits).
+    /// then its acquire fence) reads the count. In a kernel the count is
+    /// made by `release_units` (no span search there waits).
     #[inline(always)]
     pub(super) fn try_retire(&self, page: u32, class: u32, cap: u32, floating: bool) -> bool {
         let d = &self.descs()[page as usize];
