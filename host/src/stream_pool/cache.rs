@@ -4,7 +4,7 @@
 use super::local::Local;
 use super::ALIGN;
 use crate::backend::Backend;
-use cuheap_core::size_class::{class_of, class_size, PAGE_SIZE};
+use cuheap_core::size_class::{class_of, class_size, MAX_CLASS_SIZE, PAGE_SIZE};
 use cuheap_core::BlockInfo;
 use std::any::Any;
 use std::collections::HashMap;
@@ -23,6 +23,9 @@ impl Key {
     /// rounding overflows (no pool could serve it).
     #[inline]
     pub(super) fn of(size: usize) -> Option<Key> {
+        if (1..=MAX_CLASS_SIZE).contains(&size) {
+            return Some(Key::Class(CLASS_BY_GRANULES[(size - 1) / ALIGN] as u32));
+        }
         let size = size.checked_next_multiple_of(ALIGN)?;
         Some(match class_of(size) {
             Some(c) => Key::Class(c),
@@ -36,7 +39,15 @@ impl Key {
     /// 64 KiB request.
     #[inline]
     pub(super) fn of_block(b: &BlockInfo) -> Key {
-        Key::of(b.size).unwrap_or(Key::Span((b.size / PAGE_SIZE) as u32))
+        match b.class {
+            // The pool's classes are multiples of `ALIGN`: a class block's
+            // key is its class (`a_key_is_the_class_of_its_size_rounded`).
+            Some(c) => {
+                debug_assert_eq!(Key::of(b.size), Some(Key::Class(c)));
+                Key::Class(c)
+            }
+            None => Key::of(b.size).unwrap_or(Key::Span((b.size / PAGE_SIZE) as u32)),
+        }
     }
 
     #[inline]
@@ -47,6 +58,22 @@ impl Key {
         }
     }
 }
+
+/// The class of each size a class serves, by its [`ALIGN`] granules:
+/// entry `i` is the class of `(i + 1) * ALIGN` bytes ([`Key::of`] with no
+/// arithmetic on the size but a shift).
+const CLASS_BY_GRANULES: [u8; MAX_CLASS_SIZE / ALIGN] = {
+    let mut t = [0u8; MAX_CLASS_SIZE / ALIGN];
+    let mut i = 0;
+    while i < t.len() {
+        t[i] = match class_of((i + 1) * ALIGN) {
+            Some(c) => c as u8,
+            None => panic!("every size up to MAX_CLASS_SIZE has a class"),
+        };
+        i += 1;
+    }
+    t
+};
 
 /// Per-stream call counters (`Cache::counts`).
 pub(super) const ALLOCS: usize = 0;
@@ -215,10 +242,14 @@ impl<E> Cache<E> {
         }
     }
 
+    /// Adds a block of `key`; returns how many blocks of `key` are held.
     #[inline]
-    pub(super) fn push(&mut self, key: Key, ptr: u64) {
-        self.list(key).push(ptr);
+    pub(super) fn push(&mut self, key: Key, ptr: u64) -> usize {
+        let list = self.list(key);
+        list.push(ptr);
+        let held = list.len();
         self.added(key, 1);
+        held
     }
 
     #[inline]
@@ -229,7 +260,6 @@ impl<E> Cache<E> {
     }
 
     /// Blocks of `key` held.
-    #[inline]
     pub(super) fn len(&mut self, key: Key) -> usize {
         self.list_if_any(key).map_or(0, |l| l.len())
     }
@@ -531,6 +561,27 @@ pub(super) fn thread_slot() -> u32 {
 mod tests {
     use super::*;
 
+    /// `Key::of`'s table gives the class of the size rounded to `ALIGN`
+    /// for every size a class serves (spans above), and each such class
+    /// is a multiple of `ALIGN` whose own size keys it (so a class
+    /// block's key is its class, and its live bit its own).
+    #[test]
+    fn a_key_is_the_class_of_its_size_rounded() {
+        for size in 1..=MAX_CLASS_SIZE + 3 * PAGE_SIZE {
+            let rounded = size.next_multiple_of(ALIGN);
+            let want = match class_of(rounded) {
+                Some(c) => Key::Class(c),
+                None => Key::Span(rounded.div_ceil(PAGE_SIZE) as u32),
+            };
+            assert_eq!(Key::of(size), Some(want), "{size} bytes");
+            if let Key::Class(c) = want {
+                assert!((class_size(c) as usize).is_multiple_of(ALIGN), "class {c}");
+                assert_eq!(Key::of(class_size(c) as usize), Some(want), "class {c}");
+            }
+        }
+        assert_eq!(Key::of(usize::MAX), None);
+    }
+
     /// Threads that reach the pool one after another take slots in turn:
     /// eight at once sit on eight of the heap's slots.
     #[test]
@@ -670,7 +721,9 @@ mod tests {
         for step in 0..20_000u64 {
             let k = keys[next() as usize % keys.len()];
             match next() % 9 {
-                0..=2 => c.push(k, step),
+                0..=2 => {
+                    c.push(k, step);
+                }
                 3 | 4 => {
                     c.pop(k);
                 }

@@ -5,75 +5,92 @@
 //! of a span touches no other line. (With a bit apart, that bit's line was
 //! a second cache miss per call over a large heap: 69% of the pool's free
 //! and 20% of all the time of the mixed-size case in `pool_paths`, by
-//! `perf`.) A class block's mark is a bit here.
+//! `perf`.) A class block's mark is a bit here, found from its address
+//! alone: a block taken from a cache is marked with no lookup of its page.
 
 use super::ALIGN;
-use cuheap_core::size_class::PAGE_SIZE;
-use cuheap_core::{BlockInfo, Heap};
+use cuheap_core::page::Kind;
+use cuheap_core::size_class::{PAGE_SHIFT, PAGE_SIZE};
+use cuheap_core::Heap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One bit per block a class page can hold at [`ALIGN`] (256 per 64 KiB
-/// unit; larger pages hold at most 256 blocks too), indexed by the page
-/// [`cuheap_core::Heap::block_at`] returns; spans are marked on their
-/// descriptors. Invariant: a block's mark is set iff a caller holds it, so
-/// a second free finds it clear, with no shared table on the call path.
+/// One bit per [`ALIGN`] bytes of the heap (256 per 64 KiB unit), at the
+/// address a class block starts at (every class the pool serves is a
+/// multiple of [`ALIGN`], so no two blocks share a bit); spans are marked
+/// on their descriptors. Invariant: a block's mark is set iff a caller
+/// holds it, so a second free finds it clear, with no shared table on the
+/// call path.
 ///
-/// A page's bits take 32 bytes; a 128-byte line holds four pages a
-/// quarter of the heap apart (pages `p`, `p + q`, `p + 2q`, `p + 3q`).
+/// A unit's bits take 32 bytes; a 128-byte line holds four units a
+/// quarter of the heap apart (units `u`, `u + q`, `u + 2q`, `u + 3q`).
 /// The pool packs class pages low, so the pages in use at once rarely
 /// share a line, and threads working on neighbouring pages do not fight
 /// over one (each call sets or clears a bit).
 pub(super) struct LiveBits {
     lines: Vec<Line>,
-    /// Pages per quarter (`q` above).
-    quarter: usize,
+    /// Units per quarter (`q` above), at least 2.
+    quarter: u64,
+    /// `u64::MAX / quarter + 1`: a unit's quarter and line by multiplying
+    /// ([`LiveBits::word`]), not dividing.
+    magic: u64,
+    /// The heap's first byte.
+    data: u64,
+    /// Units with bits (the heap's pages).
+    units: u64,
 }
 
 #[repr(align(128))]
 struct Line([AtomicU64; 16]);
 
-const WORDS_PER_PAGE: usize = PAGE_SIZE / ALIGN / 64;
+const WORDS_PER_UNIT: usize = PAGE_SIZE / ALIGN / 64;
+const ALIGN_SHIFT: u32 = ALIGN.trailing_zeros();
 
 impl LiveBits {
-    pub(super) fn new(pages: usize) -> LiveBits {
-        let quarter = pages.div_ceil(4).max(1);
+    /// Bits for `pages` units of a heap whose data starts at `data`.
+    pub(super) fn new(pages: usize, data: u64) -> LiveBits {
+        let quarter = pages.div_ceil(4).max(2) as u64;
         LiveBits {
             lines: (0..quarter)
                 .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
             quarter,
+            magic: u64::MAX / quarter + 1,
+            data,
+            units: pages as u64,
         }
     }
 
-    /// The words of `page`.
+    /// The word and bit of the class block at `ptr`; `None` past the
+    /// heap. Unit `u`'s line is `u % q` and its place there `u / q`, by
+    /// the remainder and quotient of Lemire, Kaser and Kurz ("Faster
+    /// remainder by direct computation", 2019), exact for every 32-bit
+    /// `u` and `q` (the heap's pages are a `u32`; `q >= 2`).
     #[inline]
-    fn words(&self, page: usize) -> &[AtomicU64] {
-        let at = (page / self.quarter) * WORDS_PER_PAGE;
-        &self.lines[page % self.quarter].0[at..at + WORDS_PER_PAGE]
+    fn word(&self, ptr: u64) -> Option<(&AtomicU64, u64)> {
+        let granule = ptr.wrapping_sub(self.data) >> ALIGN_SHIFT;
+        let unit = granule >> (PAGE_SHIFT - ALIGN_SHIFT);
+        if unit >= self.units {
+            return None;
+        }
+        let low = self.magic.wrapping_mul(unit);
+        let line = ((low as u128 * self.quarter as u128) >> 64) as usize;
+        let place = ((self.magic as u128 * unit as u128) >> 64) as usize;
+        let i = (granule % (PAGE_SIZE / ALIGN) as u64) as usize;
+        let w = self.lines[line].0.get(place * WORDS_PER_UNIT + i / 64)?;
+        Some((w, 1 << (i % 64)))
     }
 
+    /// Marks the block at `ptr` live (`span`: a span's head, else a class
+    /// block); false if it already was (or is past the heap).
     #[inline]
-    fn at(&self, b: &BlockInfo) -> (&AtomicU64, u64) {
-        let i = b.index as usize;
-        debug_assert!(
-            i < 64 * WORDS_PER_PAGE,
-            "pool classes hold at most 256 blocks a page"
-        );
-        (&self.words(b.page as usize)[i / 64], 1 << (i % 64))
-    }
-
-    /// Marks a block of `heap` live; false if it already was (or is no
-    /// block of `heap`).
-    #[inline]
-    pub(super) fn set(&self, heap: &Heap<'_, u64>, b: &BlockInfo) -> bool {
-        match b.class {
-            None => heap
-                .owner_word(b.page)
+    pub(super) fn set(&self, heap: &Heap<'_, u64>, ptr: u64, span: bool) -> bool {
+        match span {
+            true => self
+                .owner(heap, ptr)
                 .is_some_and(|w| w.swap(1, Ordering::AcqRel) == 0),
-            Some(_) => {
-                let (w, m) = self.at(b);
-                w.fetch_or(m, Ordering::AcqRel) & m == 0
-            }
+            false => self
+                .word(ptr)
+                .is_some_and(|(w, m)| w.fetch_or(m, Ordering::AcqRel) & m == 0),
         }
     }
 
@@ -83,50 +100,77 @@ impl LiveBits {
     /// for the heap's stores before it. A class block's bit shares its
     /// word with other blocks, and is set as by `set`.
     #[inline]
-    pub(super) fn set_fresh(&self, heap: &Heap<'_, u64>, b: &BlockInfo) -> bool {
-        match b.class {
-            None => heap.owner_word(b.page).is_some_and(|w| {
+    pub(super) fn set_fresh(&self, heap: &Heap<'_, u64>, ptr: u64, span: bool) -> bool {
+        match span {
+            true => self.owner(heap, ptr).is_some_and(|w| {
                 let was = w.load(Ordering::Relaxed);
                 w.store(1, Ordering::Release);
                 was == 0
             }),
-            Some(_) => self.set(heap, b),
+            false => self.set(heap, ptr, false),
         }
     }
 
-    /// Whether a block of `heap` is live.
-    pub(super) fn is_set(&self, heap: &Heap<'_, u64>, b: &BlockInfo) -> bool {
-        match b.class {
-            None => heap
-                .owner_word(b.page)
+    /// Whether the block at `ptr` is live.
+    pub(super) fn is_set(&self, heap: &Heap<'_, u64>, ptr: u64, span: bool) -> bool {
+        match span {
+            true => self
+                .owner(heap, ptr)
                 .is_some_and(|w| w.load(Ordering::Acquire) != 0),
-            Some(_) => {
-                let (w, m) = self.at(b);
-                w.load(Ordering::Acquire) & m != 0
-            }
+            false => self
+                .word(ptr)
+                .is_some_and(|(w, m)| w.load(Ordering::Acquire) & m != 0),
         }
     }
 
-    /// Live blocks of the class page whose bits start at `page`.
-    pub(super) fn count_page(&self, page: u32) -> u32 {
-        self.words(page as usize)
-            .iter()
-            .map(|w| w.load(Ordering::Acquire).count_ones())
-            .sum()
-    }
-
-    /// Marks a block of `heap` free; false if it was not live.
+    /// Marks the block at `ptr` free; false if it was not live.
     #[inline]
-    pub(super) fn clear(&self, heap: &Heap<'_, u64>, b: &BlockInfo) -> bool {
-        match b.class {
-            None => heap
-                .owner_word(b.page)
+    pub(super) fn clear(&self, heap: &Heap<'_, u64>, ptr: u64, span: bool) -> bool {
+        match span {
+            true => self
+                .owner(heap, ptr)
                 .is_some_and(|w| w.swap(0, Ordering::AcqRel) != 0),
-            Some(_) => {
-                let (w, m) = self.at(b);
-                w.fetch_and(!m, Ordering::AcqRel) & m != 0
-            }
+            false => self
+                .word(ptr)
+                .is_some_and(|(w, m)| w.fetch_and(!m, Ordering::AcqRel) & m != 0),
         }
+    }
+
+    /// Whether the block at `ptr`, cached under a key of `bytes`, is a
+    /// span: every block under a page is a class block; at a page or more
+    /// it is what its page's descriptor says (a 64 KiB request may have
+    /// been served by a one-page span).
+    #[inline]
+    pub(super) fn is_span(&self, heap: &Heap<'_, u64>, ptr: u64, bytes: usize) -> bool {
+        bytes >= PAGE_SIZE
+            && heap
+                .descs()
+                .get((ptr.wrapping_sub(self.data) >> PAGE_SHIFT) as usize)
+                .is_some_and(|d| d.kind() == Kind::SpanHead)
+    }
+
+    /// The owner word of the span whose head is at `ptr`.
+    #[inline]
+    fn owner<'h>(
+        &self,
+        heap: &Heap<'h, u64>,
+        ptr: u64,
+    ) -> Option<&'h std::sync::atomic::AtomicU32> {
+        let page = u32::try_from(ptr.wrapping_sub(self.data) >> PAGE_SHIFT).ok()?;
+        heap.owner_word(page)
+    }
+
+    /// Live blocks of the class page of `units` units at `page`.
+    pub(super) fn count_page(&self, page: u32, units: u32) -> u32 {
+        (page..page.saturating_add(units))
+            .map(|u| {
+                let at = self.data + ((u as u64) << PAGE_SHIFT);
+                (0..WORDS_PER_UNIT)
+                    .filter_map(|w| self.word(at + (w * 64 * ALIGN) as u64))
+                    .map(|(w, _)| w.load(Ordering::Acquire).count_ones())
+                    .sum::<u32>()
+            })
+            .sum()
     }
 }
 
@@ -135,35 +179,57 @@ mod tests {
     use super::*;
     use cuheap_core::OwnedHeap;
 
+    /// Every granule of every unit has a bit of its own, for heaps of
+    /// several sizes (the quarter's arithmetic at its edges), and a page
+    /// of several units counts the bits of all of them.
     #[test]
-    fn every_block_of_every_page_has_a_bit_of_its_own() {
-        for pages in [1usize, 3, 4, 7, 64] {
+    fn every_granule_of_every_unit_has_a_bit_of_its_own() {
+        const DATA: u64 = 1 << 40;
+        let per_unit = (PAGE_SIZE / ALIGN) as u64;
+        for pages in [1usize, 3, 4, 7, 8, 9, 64, 1001] {
             let owned = OwnedHeap::<u64>::new(pages as u32, 1).unwrap();
             let heap = owned.heap();
-            let live = LiveBits::new(pages);
-            let blocks = |page: u32| {
-                (0..(64 * WORDS_PER_PAGE) as u32).map(move |index| BlockInfo {
-                    page,
-                    class: Some(0),
-                    index,
-                    size: ALIGN,
-                })
-            };
-            for page in 0..pages as u32 {
-                for b in blocks(page).filter(|b| b.index % 3 == page % 3) {
-                    assert!(live.set(&heap, &b), "{pages} pages: {page}/{}", b.index);
+            let live = LiveBits::new(pages, DATA);
+            let at = |unit: u64, g: u64| DATA + (unit << PAGE_SHIFT) + g * ALIGN as u64;
+            let chosen = |unit: u64, g: u64| (g + unit).is_multiple_of(3);
+            for unit in 0..pages as u64 {
+                for g in (0..per_unit).filter(|&g| chosen(unit, g)) {
+                    assert!(
+                        live.set(&heap, at(unit, g), false),
+                        "{pages} pages: {unit}/{g}"
+                    );
+                    assert!(!live.set(&heap, at(unit, g), false), "set twice");
                 }
             }
-            for page in 0..pages as u32 {
-                let want = blocks(page).filter(|b| b.index % 3 == page % 3).count();
+            for unit in 0..pages as u64 {
+                let want = (0..per_unit).filter(|&g| chosen(unit, g)).count() as u32;
                 assert_eq!(
-                    live.count_page(page) as usize,
+                    live.count_page(unit as u32, 1),
                     want,
-                    "{pages} pages: {page}"
+                    "{pages} pages: {unit}"
                 );
-                for b in blocks(page) {
-                    assert_eq!(live.is_set(&heap, &b), b.index % 3 == page % 3);
+                for g in 0..per_unit {
+                    assert_eq!(live.is_set(&heap, at(unit, g), false), chosen(unit, g));
                 }
+            }
+            if pages >= 3 {
+                let two: u32 = (0..2).map(|u| live.count_page(u, 1)).sum();
+                assert_eq!(live.count_page(0, 2), two, "a page of two units");
+            }
+            // Past the heap, and below it: no bit, no panic.
+            for ptr in [
+                at(pages as u64 * 4, 0),
+                at(u32::MAX as u64 + 1, 0),
+                DATA - 256,
+            ] {
+                assert!(!live.set(&heap, ptr, false) && !live.is_set(&heap, ptr, false));
+            }
+            for unit in 0..pages as u64 {
+                for g in (0..per_unit).filter(|&g| chosen(unit, g)) {
+                    assert!(live.clear(&heap, at(unit, g), false));
+                    assert!(!live.clear(&heap, at(unit, g), false), "cleared twice");
+                }
+                assert_eq!(live.count_page(unit as u32, 1), 0);
             }
         }
     }
@@ -174,38 +240,57 @@ mod tests {
     fn spans_are_marked_on_their_descriptors() {
         let owned = OwnedHeap::<u64>::new(8, 1).unwrap();
         let heap = owned.heap();
-        let live = LiveBits::new(8);
-        let span = |page: u32| BlockInfo {
-            page,
-            class: None,
-            index: 0,
-            size: 3 * PAGE_SIZE,
-        };
-        assert!(live.set(&heap, &span(2)));
-        assert!(!live.set(&heap, &span(2)), "a span marked twice");
-        assert!(live.is_set(&heap, &span(2)));
-        assert!(!live.is_set(&heap, &span(3)));
+        let data = 1u64 << 40;
+        let live = LiveBits::new(8, data);
+        let span = |page: u64| data + page * PAGE_SIZE as u64;
+        assert!(live.set(&heap, span(2), true));
+        assert!(!live.set(&heap, span(2), true), "a span marked twice");
+        assert!(live.is_set(&heap, span(2), true));
+        assert!(!live.is_set(&heap, span(3), true));
         assert_eq!(heap.owner_word(2).unwrap().load(Ordering::Relaxed), 1);
-        assert_eq!(live.count_page(2), 0, "class bits untouched");
-        assert!(live.clear(&heap, &span(2)));
-        assert!(!live.clear(&heap, &span(2)), "a span freed twice");
-        assert!(!live.is_set(&heap, &span(2)));
+        assert_eq!(live.count_page(2, 1), 0, "class bits untouched");
+        assert!(!live.is_set(&heap, span(2), false), "class bits untouched");
+        assert!(live.clear(&heap, span(2), true));
+        assert!(!live.clear(&heap, span(2), true), "a span freed twice");
+        assert!(!live.is_set(&heap, span(2), true));
         // Past the heap's pages: never live.
-        assert!(!live.set(&heap, &span(8)) && !live.is_set(&heap, &span(8)));
+        assert!(!live.set(&heap, span(8), true) && !live.is_set(&heap, span(8), true));
         // A fresh mark (a block the heap just handed out) reads as `set`'s:
         // live once, refused as a second mark, freed once.
-        assert!(live.set_fresh(&heap, &span(4)));
-        assert!(live.is_set(&heap, &span(4)));
-        assert!(!live.set_fresh(&heap, &span(4)), "a span marked twice");
-        assert!(live.clear(&heap, &span(4)) && !live.clear(&heap, &span(4)));
-        assert!(!live.set_fresh(&heap, &span(8)));
-        let class = BlockInfo {
-            page: 5,
-            class: Some(0),
-            index: 7,
-            size: ALIGN,
-        };
-        assert!(live.set_fresh(&heap, &class) && !live.set_fresh(&heap, &class));
-        assert_eq!(live.count_page(5), 1);
+        assert!(live.set_fresh(&heap, span(4), true));
+        assert!(live.is_set(&heap, span(4), true));
+        assert!(!live.set_fresh(&heap, span(4), true), "a span marked twice");
+        assert!(live.clear(&heap, span(4), true) && !live.clear(&heap, span(4), true));
+        assert!(!live.set_fresh(&heap, span(8), true));
+        let class = span(5) + 7 * ALIGN as u64;
+        assert!(live.set_fresh(&heap, class, false) && !live.set_fresh(&heap, class, false));
+        assert_eq!(live.count_page(5, 1), 1);
+        // Free pages are no spans, whatever the key.
+        assert!(!live.is_span(&heap, span(5), PAGE_SIZE));
+        assert!(!live.is_span(&heap, span(5), 256));
+    }
+
+    /// A block of a page or more is a span where its page's descriptor
+    /// says so; a class block of 64 KiB is not.
+    #[test]
+    fn a_block_of_a_page_or_more_is_a_span_where_its_descriptor_says() {
+        let owned = OwnedHeap::<u64>::new(16, 1).unwrap();
+        let heap = owned.heap();
+        let span = heap.alloc(3 * PAGE_SIZE, 0).unwrap() as u64;
+        let b = heap.block_at(span as usize).unwrap();
+        assert_eq!(b.class, None);
+        let live = LiveBits::new(16, span - b.page as u64 * PAGE_SIZE as u64);
+        assert!(live.is_span(&heap, span, 3 * PAGE_SIZE));
+        assert!(
+            !live.is_span(&heap, span, PAGE_SIZE - ALIGN),
+            "under a page"
+        );
+        let class = heap.alloc(PAGE_SIZE, 0).unwrap() as u64;
+        if heap.block_at(class as usize).unwrap().class.is_some() {
+            assert!(
+                !live.is_span(&heap, class, PAGE_SIZE),
+                "a 64 KiB class block"
+            );
+        }
     }
 }

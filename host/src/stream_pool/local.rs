@@ -36,8 +36,8 @@
 
 use super::cache::{Cache, StreamCache};
 use crate::backend::Backend;
-use std::any::Any;
-use std::cell::{RefCell, UnsafeCell};
+use std::any::{Any, TypeId};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -79,6 +79,7 @@ unsafe impl<B: Backend> Sync for Local<B> {}
 struct Release<'a>(&'a AtomicBool);
 
 impl Drop for Release<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
     }
@@ -320,12 +321,39 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        // Whichever slot goes, the hint may be the one that points into
+        // it: it goes too.
+        HOT.set(Hot::NONE);
         self.local.leave();
     }
 }
 
+/// The thread cache this thread reached last: its pool, stream and type,
+/// and a pointer to it, valid while the [`Slot`] that holds it is in
+/// `LOCALS` (every slot's drop clears the hint). A call on the same pool
+/// and stream as the last reaches its cache with two compares, with no
+/// borrow of `LOCALS` and no search or dynamic cast.
+#[derive(Clone, Copy)]
+struct Hot {
+    pool: u64,
+    stream: usize,
+    ty: TypeId,
+    local: *const (),
+}
+
+impl Hot {
+    const NONE: Hot = Hot {
+        pool: 0,
+        stream: 0,
+        ty: TypeId::of::<()>(),
+        local: std::ptr::null(),
+    };
+}
+
 thread_local! {
     static LOCALS: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
+    // No destructor: readable while `LOCALS` itself is dropped.
+    static HOT: Cell<Hot> = const { Cell::new(Hot::NONE) };
 }
 
 /// What [`with_local`] found.
@@ -345,6 +373,18 @@ pub(super) fn with_local<B: Backend, R>(
     stream: usize,
     f: impl FnOnce(&mut Cache<()>) -> R,
 ) -> Reach<R> {
+    let hot = HOT.get();
+    if hot.pool == pool && hot.stream == stream && hot.ty == TypeId::of::<Local<B>>() {
+        // SAFETY: the hint was made from a `Local<B>` (its type checked
+        // just now) that a slot of `LOCALS` holds; a slot's drop clears
+        // the hint, so the slot, and the `Arc` it holds, are still there.
+        let l = unsafe { &*(hot.local as *const Local<B>) };
+        if !l.is_dead() {
+            return l.try_held(f).map_or(Reach::Busy, Reach::Done);
+        }
+        HOT.set(Hot::NONE);
+        return Reach::Absent;
+    }
     LOCALS
         .try_with(|v| {
             let Ok(v) = v.try_borrow() else {
@@ -354,7 +394,15 @@ pub(super) fn with_local<B: Backend, R>(
             match found.and_then(|s| s.local.as_any().downcast_ref::<Local<B>>()) {
                 None => Reach::Absent,
                 Some(l) if l.is_dead() => Reach::Absent,
-                Some(l) => l.try_held(f).map_or(Reach::Busy, Reach::Done),
+                Some(l) => {
+                    HOT.set(Hot {
+                        pool,
+                        stream,
+                        ty: TypeId::of::<Local<B>>(),
+                        local: l as *const Local<B> as *const (),
+                    });
+                    l.try_held(f).map_or(Reach::Busy, Reach::Done)
+                }
             }
         })
         .unwrap_or(Reach::Busy)
@@ -428,7 +476,7 @@ mod tests {
                 let mut placed = false;
                 while !placed {
                     match local.try_held(|m| m.push(key, ptr)) {
-                        Some(()) => placed = true,
+                        Some(_) => placed = true,
                         None => busy += 1,
                     }
                 }
@@ -498,5 +546,56 @@ mod tests {
         assert_eq!((c.pop(key), c.counts[1], c.dirty), (Some(7), 1, true));
         drop(c);
         sc.each_local(|_, _| panic!("no live cache left"));
+    }
+
+    /// The hint to the cache a thread reached last goes with that cache:
+    /// one pushed out (more streams than a thread keeps) or ended by the
+    /// pool is not reached through it. (Under Miri, a read of a cache
+    /// freed behind the hint fails the test.)
+    #[test]
+    fn the_hint_goes_with_the_cache_it_points_to() {
+        let scs: Vec<Arc<StreamCache<HostBackend>>> = (0..=LOCAL_STREAMS)
+            .map(|_| Arc::new(StreamCache::new(&HostStream::new())))
+            .collect();
+        let key = super::super::cache::Key::Class(3);
+        let pool = u64::MAX - 1;
+        let reach = |sc: &StreamCache<HostBackend>, ptr: u64| {
+            with_local::<HostBackend, _>(pool, sc.id, |m| m.push(key, ptr))
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                install(pool, &scs[0]);
+                // The first call finds the cache in the thread's list, the
+                // second through the hint.
+                for ptr in [1, 2] {
+                    assert!(matches!(reach(&scs[0], ptr), Reach::Done(_)));
+                }
+                // Eight more streams: the first one's cache is pushed out
+                // (its blocks go to its stream), and the hint with it.
+                for sc in &scs[1..] {
+                    install(pool, sc);
+                }
+                assert!(matches!(reach(&scs[0], 3), Reach::Absent));
+                assert_eq!(scs[0].lock().len(key), 2);
+                // Reached (the hint now points at it), then ended by the
+                // pool: absent at once, and the thread makes a new one.
+                let last = &scs[LOCAL_STREAMS];
+                assert!(matches!(reach(last, 4), Reach::Done(_)));
+                last.each_local(|l, m| {
+                    last.lock().extend(key, m.take(key, usize::MAX));
+                    l.kill();
+                });
+                assert!(matches!(reach(last, 5), Reach::Absent));
+                install(pool, last);
+                assert!(matches!(reach(last, 6), Reach::Done(_)));
+            })
+            .join()
+            .unwrap();
+        });
+        // Block 4 (taken by the pool) and block 6 (left at the thread's
+        // exit), each once.
+        let mut got = scs[LOCAL_STREAMS].lock().take(key, usize::MAX);
+        got.sort();
+        assert_eq!(got, vec![4, 6]);
     }
 }

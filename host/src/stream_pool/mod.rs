@@ -285,8 +285,9 @@ pub struct Pool<B: Backend = CudaBackend> {
     sealed: std::sync::atomic::AtomicBool,
     /// The one stream a graph's pool serves (the first it saw).
     graph_stream: std::sync::OnceLock<usize>,
-    /// [`PoolConfig::capture_check`].
-    capture_check: bool,
+    /// Neither a graph's pool nor one with [`PoolConfig::capture_check`]:
+    /// calls reach the thread's cache first, with no check of the stream.
+    plain: bool,
     release_threshold: usize,
     /// Bytes in use as of the last fold of the streams' `net` counters.
     folded: Own<AtomicI64>,
@@ -411,7 +412,7 @@ impl<B: Backend> Pool<B> {
         let view = unsafe { Heap::from_handle(&handle) };
         let pool = Pool {
             caches: RwLock::new(HashMap::new()),
-            live: LiveBits::new(pages as usize),
+            live: LiveBits::new(pages as usize, handle.data),
             id: POOL_IDS.fetch_add(1, Ordering::Relaxed),
             events: EventPool::default(),
             handle,
@@ -438,7 +439,7 @@ impl<B: Backend> Pool<B> {
             local_limit: LOCAL_BYTES.min(cfg.stream_cache_limit).min(cfg.cache_limit),
             graph: cfg.graph,
             shareable: cfg.shareable,
-            capture_check: cfg.capture_check,
+            plain: !cfg.graph && !cfg.capture_check,
             graph_stream: std::sync::OnceLock::new(),
             sealed: std::sync::atomic::AtomicBool::new(false),
             release_threshold: cfg.release_threshold,
@@ -551,7 +552,7 @@ impl<B: Backend> Pool<B> {
     pub fn export_block(&self, ptr: u64) -> Result<Exported<B>> {
         let heap = self.heap();
         match heap.block_at(ptr as usize) {
-            Ok(b) if self.live.is_set(&heap, &b) => self.export(ptr, b.size),
+            Ok(b) if self.live.is_set(&heap, ptr, b.class.is_none()) => self.export(ptr, b.size),
             _ => Err(Error::InvalidArgument(format!(
                 "export of {ptr:#x}: not a live block of this pool"
             ))),
@@ -998,7 +999,43 @@ impl<B: Backend> Pool<B> {
     /// lets the stream go (when it next sees a new stream or runs short).
     /// Size 0 is an [`Error::InvalidArgument`]; a size the pool cannot
     /// serve is [`Error::PoolExhausted`].
+    #[inline]
     pub fn alloc(&self, size: usize, stream: &B::Stream) -> Result<u64> {
+        // A plain pool (no graph, no capture check) tries the thread's
+        // cache first: a block found there was served before, so its size
+        // is one the pool serves.
+        if self.plain && (1..=LOCAL_MAX_BLOCK).contains(&size) {
+            if let Some(key) = Key::of(size) {
+                let hit = self.pop_local(key, stream);
+                if let Reach::Done(Some(p)) = hit {
+                    return self.hand_out(p, key);
+                }
+                return self.alloc_past_local(size, stream, Some(hit));
+            }
+        }
+        self.alloc_past_local(size, stream, None)
+    }
+
+    /// A block of `key` from this thread's cache of `stream`, counted.
+    #[inline(always)]
+    fn pop_local(&self, key: Key, stream: &B::Stream) -> Reach<Option<u64>> {
+        with_local::<B, _>(self.id, B::stream_id(stream), |m| {
+            let p = m.pop(key)?;
+            m.counts[SAME] += 1;
+            self.count_local(m, ALLOCS, key.bytes() as i64);
+            Some(p)
+        })
+    }
+
+    /// [`Pool::alloc`] with its checks, past the thread's cache (which
+    /// `tried` says was tried already, and what it held).
+    #[inline(never)]
+    fn alloc_past_local(
+        &self,
+        size: usize,
+        stream: &B::Stream,
+        tried: Option<Reach<Option<u64>>>,
+    ) -> Result<u64> {
         if size == 0 {
             return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
         }
@@ -1014,14 +1051,8 @@ impl<B: Backend> Pool<B> {
         };
         let (mut absent, mut local) = (false, false);
         if !self.graph && key.bytes() <= LOCAL_MAX_BLOCK {
-            let hit = with_local::<B, _>(self.id, B::stream_id(stream), |m| {
-                let p = m.pop(key)?;
-                m.counts[SAME] += 1;
-                self.count_local(m, ALLOCS, key.bytes() as i64);
-                Some(p)
-            });
-            match hit {
-                Reach::Done(Some(p)) => return self.hand_out(p),
+            match tried.unwrap_or_else(|| self.pop_local(key, stream)) {
+                Reach::Done(Some(p)) => return self.hand_out(p, key),
                 Reach::Done(None) => local = true,
                 Reach::Busy => {}
                 Reach::Absent => absent = true,
@@ -1046,7 +1077,7 @@ impl<B: Backend> Pool<B> {
                 c.counts[SAME] += 1;
                 self.account_call(own, &mut c, ALLOCS, key.bytes() as i64);
                 drop(c);
-                return self.hand_out(p);
+                return self.hand_out(p, key);
             }
         }
         let (ptr, how) = self.find(own, key)?;
@@ -1067,8 +1098,8 @@ impl<B: Backend> Pool<B> {
         }
         let marked = match how {
             // Handed out by the heap just now: no other thread has it.
-            None => self.live.set_fresh(&heap, &b),
-            Some(_) => self.live.set(&heap, &b),
+            None => self.live.set_fresh(&heap, ptr, b.class.is_none()),
+            Some(_) => self.live.set(&heap, ptr, b.class.is_none()),
         };
         if !marked {
             return Err(broken());
@@ -1116,13 +1147,15 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// Marks a block from a thread's cache live and hands it out.
+    /// Marks a block cached under `key` live and hands it out: a block
+    /// under a page is marked from its address alone.
     #[inline]
-    fn hand_out(&self, ptr: u64) -> Result<u64> {
+    fn hand_out(&self, ptr: u64, key: Key) -> Result<u64> {
         let heap = self.heap();
-        match heap.block_at(ptr as usize) {
-            Ok(b) if self.live.set(&heap, &b) => Ok(ptr),
-            _ => Err(Error::InvalidArgument(format!(
+        let span = self.live.is_span(&heap, ptr, key.bytes());
+        match self.live.set(&heap, ptr, span) {
+            true => Ok(ptr),
+            false => Err(Error::InvalidArgument(format!(
                 "pool state broken at {ptr:#x}"
             ))),
         }
@@ -1163,32 +1196,56 @@ impl<B: Backend> Pool<B> {
     /// up to now. Freeing 0 does nothing (as `cudaFree(NULL)`). Pointers
     /// this pool did not hand out (or already freed) are refused with an
     /// error and counted.
+    #[inline]
     pub fn free(&self, ptr: u64, stream: &B::Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
         self.check_stream(stream)?;
         let key = self.release_live(ptr)?;
-        let mut absent = false;
-        if !self.graph && key.bytes() <= LOCAL_MAX_BLOCK {
-            let kept = with_local::<B, _>(self.id, B::stream_id(stream), |m| {
-                m.push(key, ptr);
+        let kept = match !self.graph && key.bytes() <= LOCAL_MAX_BLOCK {
+            true => with_local::<B, _>(self.id, B::stream_id(stream), |m| {
+                let held = m.push(key, ptr);
                 self.count_local(m, FREES, -(key.bytes() as i64));
-                let mut out = Vec::new();
-                if m.len(key) > LOCAL_PER_KEY {
-                    m.take_each(key, LOCAL_PER_KEY / 2, |k, p| out.push((k, p)));
-                }
-                if m.bytes > self.local_limit {
-                    m.shed_each(self.local_limit / 2, |k, p| out.push((k, p)));
-                }
-                if !out.is_empty() {
+                held > LOCAL_PER_KEY || m.bytes > self.local_limit
+            }),
+            false => Reach::Busy,
+        };
+        match kept {
+            Reach::Done(false) => Ok(()),
+            kept => self.free_past_local(ptr, key, stream, kept),
+        }
+    }
+
+    /// [`Pool::free`] past the thread's cache: its spill where `kept` is
+    /// `Done(true)` (the block is there, and the cache past a bound), else
+    /// the block goes to the stream's cache (and with `Absent` the thread
+    /// gets a cache of the stream).
+    #[inline(never)]
+    fn free_past_local(
+        &self,
+        ptr: u64,
+        key: Key,
+        stream: &B::Stream,
+        kept: Reach<bool>,
+    ) -> Result<()> {
+        let absent = match kept {
+            Reach::Done(_) => {
+                let spilled = with_local::<B, _>(self.id, B::stream_id(stream), |m| {
+                    let mut out = Vec::new();
+                    if m.len(key) > LOCAL_PER_KEY {
+                        m.take_each(key, LOCAL_PER_KEY / 2, |k, p| out.push((k, p)));
+                    }
+                    if m.bytes > self.local_limit {
+                        m.shed_each(self.local_limit / 2, |k, p| out.push((k, p)));
+                    }
                     // Blocks leave uncounted: see `FOLD_BYTES`.
                     self.fold(&mut m.net);
-                }
-                out
-            });
-            match kept {
-                Reach::Done(spilled) => {
+                    out
+                });
+                // Claimed by the pool meanwhile: the claimer took the
+                // blocks, and the bounds are its to keep.
+                if let Reach::Done(spilled) = spilled {
                     if !spilled.is_empty() {
                         self.to_stream_cache(stream, |own, c| {
                             own.moves.fetch_add(1, Ordering::Release);
@@ -1198,12 +1255,12 @@ impl<B: Backend> Pool<B> {
                             self.report(c);
                         });
                     }
-                    return Ok(());
                 }
-                Reach::Busy => {}
-                Reach::Absent => absent = true,
+                return Ok(());
             }
-        }
+            Reach::Busy => false,
+            Reach::Absent => true,
+        };
         self.to_stream_cache(stream, |own, c| {
             c.push(key, ptr);
             self.account(own, c, FREES, -(key.bytes() as i64));
@@ -1301,11 +1358,17 @@ impl<B: Backend> Pool<B> {
     /// with [`PoolConfig::capture_check`] refuses a stream being captured
     /// into a graph (its memory would be handed out again while the graph
     /// still uses it).
-    #[inline]
+    #[inline(always)]
     fn check_stream(&self, stream: &B::Stream) -> Result<()> {
-        if !self.graph && !self.capture_check {
-            return Ok(());
+        match self.plain {
+            true => Ok(()),
+            false => self.check_stream_now(stream),
         }
+    }
+
+    /// [`Pool::check_stream`] for a pool that checks streams.
+    #[inline(never)]
+    fn check_stream_now(&self, stream: &B::Stream) -> Result<()> {
         let id = B::stream_id(stream);
         if self.graph {
             let pinned = *self.graph_stream.get_or_init(|| id);
@@ -1328,7 +1391,7 @@ impl<B: Backend> Pool<B> {
     fn release_live(&self, ptr: u64) -> Result<Key> {
         let heap = self.heap();
         match heap.block_at(ptr as usize) {
-            Ok(b) if self.live.clear(&heap, &b) => Ok(Key::of_block(&b)),
+            Ok(b) if self.live.clear(&heap, ptr, b.class.is_none()) => Ok(Key::of_block(&b)),
             _ => {
                 self.bump(BAD);
                 Err(Error::InvalidArgument(format!(

@@ -77,7 +77,7 @@ impl<B: Backend> Pool<B> {
                     let used = (capacity as i64 - free.max(0)).max(0) as u32;
                     let units = geo.page_units(c);
                     // Read apart while calls run: kept consistent.
-                    let live = self.live.count_page(i as u32).min(used);
+                    let live = self.live.count_page(i as u32, units).min(used);
                     let cached = cached_on_page.get(&(i as u32)).copied().unwrap_or(0);
                     let run = PageRun::Class {
                         offset,
@@ -95,7 +95,7 @@ impl<B: Backend> Pool<B> {
                     let ptr = base + offset as u64;
                     let live = heap
                         .block_at(ptr as usize)
-                        .is_ok_and(|b| self.live.is_set(&heap, &b));
+                        .is_ok_and(|b| self.live.is_set(&heap, ptr, b.class.is_none()));
                     let holder = match (live, holder.get(&ptr)) {
                         (true, _) => Holder::Live,
                         (false, Some(&stream)) => Holder::Cached { stream },
