@@ -1438,9 +1438,9 @@ fn a_heap_with_room_leaves_the_caches_alone() {
 /// Placement 0 (first fit, and the GPU heaps' geometry: class pages of
 /// about 256 blocks, up to 16 units) hands out distinct blocks whose data
 /// stays, marks them live and catches double frees, as the default
-/// placement does. (The pool rounds sizes to 256 bytes, so its classes
-/// hold at most 256 blocks a page in either geometry: the live bits'
-/// bound.)
+/// placement does. (The pool rounds sizes to 256 bytes, so every class
+/// it serves is a multiple of 256 bytes in either geometry: each block
+/// has a live bit of its own, one per 256 bytes.)
 #[test]
 fn placement_0_keeps_blocks_apart_and_catches_double_frees() {
     let cfg = PoolConfig {

@@ -34,9 +34,9 @@ impl Key {
     }
 
     /// The key under which a block the heap found is cached: the key of
-    /// its size, so that a one-page span the heap served for a 64 KiB
-    /// request (when no class page fitted) is found again by the next
-    /// 64 KiB request.
+    /// its size, so that a one-page span the heap served for a request of
+    /// a page or less (when no class page fitted) is found again by the
+    /// next 64 KiB request.
     #[inline]
     pub(super) fn of_block(b: &BlockInfo) -> Key {
         match b.class {

@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// call path.
 ///
 /// A unit's bits take 32 bytes; a 128-byte line holds four units a
-/// quarter of the heap apart (units `u`, `u + q`, `u + 2q`, `u + 3q`).
+/// quarter of the heap apart (units `u`, `u + q`, `u + 2q`, `u + 3q`;
+/// `q` is at least 2, so a heap of under 8 pages has lines to spare).
 /// The pool packs class pages low, so the pages in use at once rarely
 /// share a line, and threads working on neighbouring pages do not fight
 /// over one (each call sets or clears a bit).
@@ -138,8 +139,9 @@ impl LiveBits {
 
     /// Whether the block at `ptr`, cached under a key of `bytes`, is a
     /// span: every block under a page is a class block; at a page or more
-    /// it is what its page's descriptor says (a 64 KiB request may have
-    /// been served by a one-page span).
+    /// it is what its page's descriptor says (a request of a page or less
+    /// may have been served by a one-page span, cached under the key of
+    /// 64 KiB: [`super::cache::Key::of_block`]).
     #[inline]
     pub(super) fn is_span(&self, heap: &Heap<'_, u64>, ptr: u64, bytes: usize) -> bool {
         bytes >= PAGE_SIZE
@@ -271,26 +273,34 @@ mod tests {
     }
 
     /// A block of a page or more is a span where its page's descriptor
-    /// says so; a class block of 64 KiB is not.
+    /// says so: a span, and a one-page span that served 64 KiB (no class
+    /// page fitted); a class block of 64 KiB is not.
     #[test]
     fn a_block_of_a_page_or_more_is_a_span_where_its_descriptor_says() {
+        // The heap's first byte: block 0 of page 0.
+        let base = |heap: &Heap<'_, u64>| heap.block_addr(0, 0, 0) as u64;
+        // 16 pages: after 3 in a span, no room for a 64 KiB class page.
         let owned = OwnedHeap::<u64>::new(16, 1).unwrap();
         let heap = owned.heap();
         let span = heap.alloc(3 * PAGE_SIZE, 0).unwrap() as u64;
-        let b = heap.block_at(span as usize).unwrap();
-        assert_eq!(b.class, None);
-        let live = LiveBits::new(16, span - b.page as u64 * PAGE_SIZE as u64);
+        let live = LiveBits::new(16, base(&heap));
         assert!(live.is_span(&heap, span, 3 * PAGE_SIZE));
         assert!(
             !live.is_span(&heap, span, PAGE_SIZE - ALIGN),
             "under a page"
         );
+        let one = heap.alloc(PAGE_SIZE, 0).unwrap() as u64;
+        assert_eq!(heap.block_at(one as usize).unwrap().class, None);
+        assert!(live.is_span(&heap, one, PAGE_SIZE), "a one-page span");
+        // 64 pages: 64 KiB from a class page.
+        let owned = OwnedHeap::<u64>::new(64, 1).unwrap();
+        let heap = owned.heap();
         let class = heap.alloc(PAGE_SIZE, 0).unwrap() as u64;
-        if heap.block_at(class as usize).unwrap().class.is_some() {
-            assert!(
-                !live.is_span(&heap, class, PAGE_SIZE),
-                "a 64 KiB class block"
-            );
-        }
+        assert!(heap.block_at(class as usize).unwrap().class.is_some());
+        let live = LiveBits::new(64, base(&heap));
+        assert!(
+            !live.is_span(&heap, class, PAGE_SIZE),
+            "a 64 KiB class block"
+        );
     }
 }

@@ -331,7 +331,7 @@ impl Drop for Slot {
 /// The thread cache this thread reached last: its pool, stream and type,
 /// and a pointer to it, valid while the [`Slot`] that holds it is in
 /// `LOCALS` (every slot's drop clears the hint). A call on the same pool
-/// and stream as the last reaches its cache with two compares, with no
+/// and stream as the last reaches its cache with three compares, with no
 /// borrow of `LOCALS` and no search or dynamic cast.
 #[derive(Clone, Copy)]
 struct Hot {
@@ -377,7 +377,9 @@ pub(super) fn with_local<B: Backend, R>(
     if hot.pool == pool && hot.stream == stream && hot.ty == TypeId::of::<Local<B>>() {
         // SAFETY: the hint was made from a `Local<B>` (its type checked
         // just now) that a slot of `LOCALS` holds; a slot's drop clears
-        // the hint, so the slot, and the `Arc` it holds, are still there.
+        // the hint, so the slot, and the `Arc` it holds, are still there,
+        // and stay while `f` runs: no `f` installs a cache or drops a slot
+        // (the pool's are counts and list moves on the blocks).
         let l = unsafe { &*(hot.local as *const Local<B>) };
         if !l.is_dead() {
             return l.try_held(f).map_or(Reach::Busy, Reach::Done);

@@ -1207,19 +1207,40 @@ impl<B: Backend> Pool<B> {
             true => with_local::<B, _>(self.id, B::stream_id(stream), |m| {
                 let held = m.push(key, ptr);
                 self.count_local(m, FREES, -(key.bytes() as i64));
-                held > LOCAL_PER_KEY || m.bytes > self.local_limit
+                match held > LOCAL_PER_KEY || m.bytes > self.local_limit {
+                    true => Some(self.spill_local(m, key)),
+                    false => None,
+                }
             }),
             false => Reach::Busy,
         };
         match kept {
-            Reach::Done(false) => Ok(()),
+            Reach::Done(None) => Ok(()),
             kept => self.free_past_local(ptr, key, stream, kept),
         }
     }
 
-    /// [`Pool::free`] past the thread's cache: its spill where `kept` is
-    /// `Done(true)` (the block is there, and the cache past a bound), else
-    /// the block goes to the stream's cache (and with `Absent` the thread
+    /// The blocks a thread's cache past a bound lets go of (it just took
+    /// one of `key`): half of `key`'s past [`LOCAL_PER_KEY`], the largest
+    /// past its bytes' bound, for its stream's cache.
+    #[cold]
+    #[inline(never)]
+    fn spill_local(&self, m: &mut Cache<()>, key: Key) -> Vec<(Key, u64)> {
+        let mut out = Vec::new();
+        if m.len(key) > LOCAL_PER_KEY {
+            m.take_each(key, LOCAL_PER_KEY / 2, |k, p| out.push((k, p)));
+        }
+        if m.bytes > self.local_limit {
+            m.shed_each(self.local_limit / 2, |k, p| out.push((k, p)));
+        }
+        // Blocks leave uncounted: see `FOLD_BYTES`.
+        self.fold(&mut m.net);
+        out
+    }
+
+    /// [`Pool::free`] past the thread's cache: the blocks its cache let go
+    /// of (`kept` is `Done(Some(_))`: the block freed is there) go to the
+    /// stream's cache; else the block does (and with `Absent` the thread
     /// gets a cache of the stream).
     #[inline(never)]
     fn free_past_local(
@@ -1227,34 +1248,19 @@ impl<B: Backend> Pool<B> {
         ptr: u64,
         key: Key,
         stream: &B::Stream,
-        kept: Reach<bool>,
+        kept: Reach<Option<Vec<(Key, u64)>>>,
     ) -> Result<()> {
         let absent = match kept {
-            Reach::Done(_) => {
-                let spilled = with_local::<B, _>(self.id, B::stream_id(stream), |m| {
-                    let mut out = Vec::new();
-                    if m.len(key) > LOCAL_PER_KEY {
-                        m.take_each(key, LOCAL_PER_KEY / 2, |k, p| out.push((k, p)));
-                    }
-                    if m.bytes > self.local_limit {
-                        m.shed_each(self.local_limit / 2, |k, p| out.push((k, p)));
-                    }
-                    // Blocks leave uncounted: see `FOLD_BYTES`.
-                    self.fold(&mut m.net);
-                    out
-                });
-                // Claimed by the pool meanwhile: the claimer took the
-                // blocks, and the bounds are its to keep.
-                if let Reach::Done(spilled) = spilled {
-                    if !spilled.is_empty() {
-                        self.to_stream_cache(stream, |own, c| {
-                            own.moves.fetch_add(1, Ordering::Release);
-                            for (k, p) in spilled {
-                                c.push(k, p);
-                            }
-                            self.report(c);
-                        });
-                    }
+            Reach::Done(spilled) => {
+                let spilled = spilled.unwrap_or_default();
+                if !spilled.is_empty() {
+                    self.to_stream_cache(stream, |own, c| {
+                        own.moves.fetch_add(1, Ordering::Release);
+                        for (k, p) in spilled {
+                            c.push(k, p);
+                        }
+                        self.report(c);
+                    });
                 }
                 return Ok(());
             }
