@@ -61,23 +61,37 @@ impl LiveBits {
         }
     }
 
-    /// The word and bit of the class block at `ptr`; `None` past the
-    /// heap. Unit `u`'s line is `u % q` and its place there `u / q`, by
-    /// the remainder and quotient of Lemire, Kaser and Kurz ("Faster
-    /// remainder by direct computation", 2019), exact for every 32-bit
-    /// `u` and `q` (the heap's pages are a `u32`; `q >= 2`).
+    /// The unit (page) that `ptr` lies in, counted from the heap's first
+    /// byte; past the heap (or below it, wrapping) a unit no heap has.
     #[inline]
-    fn word(&self, ptr: u64) -> Option<(&AtomicU64, u64)> {
-        let granule = ptr.wrapping_sub(self.data) >> ALIGN_SHIFT;
-        let unit = granule >> (PAGE_SHIFT - ALIGN_SHIFT);
+    fn unit_of(&self, ptr: u64) -> u64 {
+        ptr.wrapping_sub(self.data) >> PAGE_SHIFT
+    }
+
+    /// The words of `unit`'s bits; `None` past the heap. Unit `u`'s line
+    /// is `u % q` and its place there `u / q`, by the remainder and
+    /// quotient of Lemire, Kaser and Kurz ("Faster remainder by direct
+    /// computation", 2019), exact for every 32-bit `u` and `q` (the
+    /// heap's pages are a `u32`; `q >= 2`).
+    #[inline]
+    fn unit_words(&self, unit: u64) -> Option<&[AtomicU64]> {
         if unit >= self.units {
             return None;
         }
         let low = self.magic.wrapping_mul(unit);
         let line = ((low as u128 * self.quarter as u128) >> 64) as usize;
         let place = ((self.magic as u128 * unit as u128) >> 64) as usize;
-        let i = (granule % (PAGE_SIZE / ALIGN) as u64) as usize;
-        let w = self.lines[line].0.get(place * WORDS_PER_UNIT + i / 64)?;
+        self.lines[line]
+            .0
+            .get(place * WORDS_PER_UNIT..(place + 1) * WORDS_PER_UNIT)
+    }
+
+    /// The word and bit of the class block at `ptr`; `None` past the heap.
+    #[inline]
+    fn word(&self, ptr: u64) -> Option<(&AtomicU64, u64)> {
+        let i =
+            ((ptr.wrapping_sub(self.data) >> ALIGN_SHIFT) % (PAGE_SIZE / ALIGN) as u64) as usize;
+        let w = self.unit_words(self.unit_of(ptr))?.get(i / 64)?;
         Some((w, 1 << (i % 64)))
     }
 
@@ -147,7 +161,7 @@ impl LiveBits {
         bytes >= PAGE_SIZE
             && heap
                 .descs()
-                .get((ptr.wrapping_sub(self.data) >> PAGE_SHIFT) as usize)
+                .get(self.unit_of(ptr) as usize)
                 .is_some_and(|d| d.kind() == Kind::SpanHead)
     }
 
@@ -158,20 +172,16 @@ impl LiveBits {
         heap: &Heap<'h, u64>,
         ptr: u64,
     ) -> Option<&'h std::sync::atomic::AtomicU32> {
-        let page = u32::try_from(ptr.wrapping_sub(self.data) >> PAGE_SHIFT).ok()?;
+        let page = u32::try_from(self.unit_of(ptr)).ok()?;
         heap.owner_word(page)
     }
 
     /// Live blocks of the class page of `units` units at `page`.
     pub(super) fn count_page(&self, page: u32, units: u32) -> u32 {
         (page..page.saturating_add(units))
-            .map(|u| {
-                let at = self.data + ((u as u64) << PAGE_SHIFT);
-                (0..WORDS_PER_UNIT)
-                    .filter_map(|w| self.word(at + (w * 64 * ALIGN) as u64))
-                    .map(|(w, _)| w.load(Ordering::Acquire).count_ones())
-                    .sum::<u32>()
-            })
+            .filter_map(|u| self.unit_words(u as u64))
+            .flatten()
+            .map(|w| w.load(Ordering::Acquire).count_ones())
             .sum()
     }
 }

@@ -374,38 +374,49 @@ pub(super) fn with_local<B: Backend, R>(
     f: impl FnOnce(&mut Cache<()>) -> R,
 ) -> Reach<R> {
     let hot = HOT.get();
-    if hot.pool == pool && hot.stream == stream && hot.ty == TypeId::of::<Local<B>>() {
-        // SAFETY: the hint was made from a `Local<B>` (its type checked
-        // just now) that a slot of `LOCALS` holds; a slot's drop clears
-        // the hint, so the slot, and the `Arc` it holds, are still there,
-        // and stay while `f` runs: no `f` installs a cache or drops a slot
-        // (the pool's are counts and list moves on the blocks).
-        let l = unsafe { &*(hot.local as *const Local<B>) };
-        if !l.is_dead() {
-            return l.try_held(f).map_or(Reach::Busy, Reach::Done);
+    let local = if hot.pool == pool && hot.stream == stream && hot.ty == TypeId::of::<Local<B>>() {
+        hot.local
+    } else {
+        match find_local::<B>(pool, stream) {
+            Reach::Done(local) => local,
+            Reach::Busy => return Reach::Busy,
+            Reach::Absent => return Reach::Absent,
         }
+    };
+    // SAFETY: the hint was made from a `Local<B>` (its type checked above)
+    // that a slot of `LOCALS` holds; a slot's drop clears the hint, so
+    // the slot, and the `Arc` it holds, are still there, and stay while
+    // `f` runs: no `f` installs a cache or drops a slot (the pool's are
+    // counts and list moves on the blocks).
+    let l = unsafe { &*(local as *const Local<B>) };
+    if l.is_dead() {
         HOT.set(Hot::NONE);
         return Reach::Absent;
     }
+    l.try_held(f).map_or(Reach::Busy, Reach::Done)
+}
+
+/// This thread's cache of `stream` of pool `pool`, found in `LOCALS`
+/// and made the hint ([`HOT`]); the caller checks whether it is dead.
+#[inline(never)]
+fn find_local<B: Backend>(pool: u64, stream: usize) -> Reach<*const ()> {
     LOCALS
         .try_with(|v| {
             let Ok(v) = v.try_borrow() else {
                 return Reach::Busy;
             };
             let found = v.iter().find(|s| s.pool == pool && s.stream == stream);
-            match found.and_then(|s| s.local.as_any().downcast_ref::<Local<B>>()) {
-                None => Reach::Absent,
-                Some(l) if l.is_dead() => Reach::Absent,
-                Some(l) => {
-                    HOT.set(Hot {
-                        pool,
-                        stream,
-                        ty: TypeId::of::<Local<B>>(),
-                        local: l as *const Local<B> as *const (),
-                    });
-                    l.try_held(f).map_or(Reach::Busy, Reach::Done)
-                }
-            }
+            let Some(l) = found.and_then(|s| s.local.as_any().downcast_ref::<Local<B>>()) else {
+                return Reach::Absent;
+            };
+            let hint = Hot {
+                pool,
+                stream,
+                ty: TypeId::of::<Local<B>>(),
+                local: l as *const Local<B> as *const (),
+            };
+            HOT.set(hint);
+            Reach::Done(hint.local)
         })
         .unwrap_or(Reach::Busy)
 }

@@ -1010,7 +1010,7 @@ impl<B: Backend> Pool<B> {
                 if let Reach::Done(Some(p)) = hit {
                     return self.hand_out(p, key);
                 }
-                return self.alloc_past_local(size, stream, Some(hit));
+                return self.alloc_past_local(size, stream, Some((key, hit)));
             }
         }
         self.alloc_past_local(size, stream, None)
@@ -1028,13 +1028,14 @@ impl<B: Backend> Pool<B> {
     }
 
     /// [`Pool::alloc`] with its checks, past the thread's cache (which
-    /// `tried` says was tried already, and what it held).
+    /// `tried` says was tried already, with `size`'s key, and what it
+    /// held).
     #[inline(never)]
     fn alloc_past_local(
         &self,
         size: usize,
         stream: &B::Stream,
-        tried: Option<Reach<Option<u64>>>,
+        tried: Option<(Key, Reach<Option<u64>>)>,
     ) -> Result<u64> {
         if size == 0 {
             return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
@@ -1045,7 +1046,11 @@ impl<B: Backend> Pool<B> {
                 "this pool serves a captured graph and is sealed: its memory is the graph's".into(),
             ));
         }
-        let key = match Key::of(size) {
+        let (key, tried) = match tried {
+            Some((key, hit)) => (Some(key), Some(hit)),
+            None => (Key::of(size), None),
+        };
+        let key = match key {
             Some(k) if k.bytes() <= self.region.reserved() => k,
             _ => return Err(self.exhausted(size)),
         };
