@@ -383,7 +383,8 @@ pub(super) fn with_local<B: Backend, R>(
             Reach::Absent => return Reach::Absent,
         }
     };
-    // SAFETY: the hint was made from a `Local<B>` (its type checked above)
+    // SAFETY: the pointer is the hint's, or the one `find_local` just made
+    // the hint from the slot it found: a `Local<B>` (its type checked)
     // that a slot of `LOCALS` holds; a slot's drop clears the hint, so
     // the slot, and the `Arc` it holds, are still there, and stay while
     // `f` runs: no `f` installs a cache or drops a slot (the pool's are
