@@ -50,9 +50,61 @@ pub struct Throughput {
     /// (fewer than the threads: some share one).
     pub pinned_cores: usize,
     /// Other physical cores kept busy meanwhile, each by a thread that
-    /// spins (pinned, outside the measure), so that a lone thread runs
-    /// beside as many active cores as in the runs of more threads.
+    /// runs the ceiling's loop ([`PrivateLists`]: pinned, outside the
+    /// measure), so that a lone thread runs beside as many working cores
+    /// as in the runs of more threads.
     pub busy_cores: usize,
+    /// The measured threads' core clock in GHz ([`core_ghz`], read by each
+    /// right before and right after its loop; the median over threads of
+    /// their mean), 0 where it cannot be read: a row of one thread that
+    /// runs faster than the others at the same clock is the allocator's,
+    /// at a higher clock the host's.
+    pub clock_ghz: f64,
+}
+
+/// The calling core's clock in GHz: the rate of a chain of dependent
+/// 64-bit multiplies (three cycles each on the x86-64 cores of the last
+/// fifteen years; a chain of additions of a constant is no measure: a
+/// core may fold those as it renames them), the fastest of three tries
+/// of about 0.1 ms each (a try the kernel interrupts reads low); 0 on
+/// other architectures.
+fn core_ghz() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// Loop turns of a try, eight multiplies each.
+        const TURNS: u64 = 1 << 14;
+        /// Cycles a multiply takes, the one it depends on done.
+        const LATENCY: u64 = 3;
+        let mut best = 0.0f64;
+        for _ in 0..3 {
+            let began = Instant::now();
+            let (mut x, mut n) = (std::hint::black_box(1u64), TURNS);
+            let one = std::hint::black_box(1u64);
+            // SAFETY: register arithmetic only: no memory, no stack, and
+            // the registers written are declared so.
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "imul {x}, {one}", "imul {x}, {one}", "imul {x}, {one}", "imul {x}, {one}",
+                    "imul {x}, {one}", "imul {x}, {one}", "imul {x}, {one}", "imul {x}, {one}",
+                    "dec {n}",
+                    "jnz 2b",
+                    x = inout(reg) x,
+                    n = inout(reg) n,
+                    one = in(reg) one,
+                    options(nomem, nostack),
+                );
+            }
+            std::hint::black_box((x, n));
+            let ns = began.elapsed().as_nanos().max(1) as f64;
+            best = best.max((8 * LATENCY * TURNS) as f64 / ns);
+        }
+        best
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0.0
+    }
 }
 
 /// One CPU of each physical core this process may run on, in order (the
@@ -183,6 +235,9 @@ pub struct Alternating {
     /// Per round, each allocator's figure (the case names it: a p50 in
     /// microseconds, or a mean in nanoseconds).
     pub rounds: Vec<[f64; 2]>,
+    /// Per round, the core clock in GHz read right before it
+    /// ([`core_ghz`]; 0 where it cannot be read).
+    pub clocks: Vec<f64>,
 }
 
 impl Alternating {
@@ -626,10 +681,13 @@ fn mixed_alternating(
     mixed_round(a, s, &sizes)?;
     mixed_round(b, s, &sizes)?;
     let (mut p50s, mut means) = (Vec::new(), Vec::new());
+    let (mut clocks, mut clocks_whole) = (Vec::new(), Vec::new());
     for _ in 0..ALTERNATING_ROUNDS {
+        clocks.push(core_ghz());
         let (mut ta, _) = mixed_round(a, s, &sizes)?;
         let (mut tb, _) = mixed_round(b, s, &sizes)?;
         p50s.push([pct(&mut ta, 0.5), pct(&mut tb, 0.5)]);
+        clocks_whole.push(core_ghz());
         let ma = mixed_round_whole(a, s, &sizes)?;
         let mb = mixed_round_whole(b, s, &sizes)?;
         means.push([ma, mb]);
@@ -640,11 +698,13 @@ fn mixed_alternating(
             case: format!("{case}: alloc p50, us (a clock around each call)"),
             allocators: [a.name(), b.name()],
             rounds: p50s,
+            clocks,
         },
         Alternating {
             case: format!("{case}: mean ns per alloc (no clock per call)"),
             allocators: [a.name(), b.name()],
             rounds: means,
+            clocks: clocks_whole,
         },
     ])
 }
@@ -781,9 +841,11 @@ impl Alloc for PrivateLists<Arc<CudaStream>> {
 /// 256 B..64 KiB with up to 64 live per thread ([`thread_pairs`]); with
 /// `pin`, thread `t` runs on the `t`-th physical core the process may use
 /// ([`own_cores`]; fewer cores than threads: they are shared in turn),
-/// and up to `busy` more threads spin on the cores after those while
+/// and up to `busy` more threads work on the cores after those while
 /// the measured threads run ([`Throughput::busy_cores`]; as many as
-/// there are cores left).
+/// there are cores left). `first` turns the cores the measured and busy
+/// threads take between them (cyclically), so that lone rows beside busy
+/// cores in turn sample each core the rows of eight use.
 fn threaded(
     gpu: &Gpu,
     a: &dyn Alloc,
@@ -791,16 +853,22 @@ fn threaded(
     pairs: usize,
     pin: bool,
     busy: usize,
+    first: usize,
 ) -> Result<Throughput> {
     let streams = new_streams(gpu, threads)?;
     let barrier = Barrier::new(threads + 1);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
-    let cores = if pin { own_cores() } else { Vec::new() };
+    let mut cores = if pin { own_cores() } else { Vec::new() };
+    let span = (threads + busy).min(cores.len());
+    if span > 0 {
+        cores[..span].rotate_left(first % span);
+    }
     let spinners = &cores[threads.min(cores.len())..(threads + busy).min(cores.len())];
     let (spinning, stop) = (AtomicU64::new(0), AtomicBool::new(false));
     let pinned_threads = AtomicU64::new(0);
     // Per thread: CPU seconds, seconds in the loop, voluntary switches.
     let usage = Mutex::new((0.0f64, 0.0f64, 0u64));
+    let clocks: Mutex<Vec<(f64, Instant)>> = Mutex::new(Vec::with_capacity(threads));
     let ready = AtomicU64::new(0);
     /// Stops the spinners when dropped, also when the measure panics: the
     /// scope waits for every thread it spawned.
@@ -819,9 +887,14 @@ fn threaded(
                 spinning.fetch_add(pinned as u64, Ordering::Relaxed);
                 ready.fetch_add(1, Ordering::Release);
                 // A spinner the kernel did not pin stops at once: it could
-                // land on a measured thread's core.
+                // land on a measured thread's core. A pinned one works (a
+                // pause loop may let a virtual machine's host take the
+                // core back, and a core that waits draws less power than
+                // one that works, either leaving the measured one a
+                // higher clock than the rows of eight get).
+                let ceiling = PrivateLists::<()>::default();
                 while pinned && !stop.load(Ordering::Relaxed) {
-                    std::hint::spin_loop();
+                    std::hint::black_box(thread_pairs(&ceiling, &(), core, 4096));
                 }
             });
         }
@@ -831,8 +904,8 @@ fn threaded(
         }
         let mut measured = Vec::with_capacity(threads);
         for (t, s) in streams.iter().enumerate() {
-            let (barrier, done, failed, usage, ctx) =
-                (&barrier, &done, &failed, &usage, gpu.context());
+            let (barrier, done, failed, usage, clocks, ctx) =
+                (&barrier, &done, &failed, &usage, &clocks, gpu.context());
             let (cores, pinned_threads) = (&cores, &pinned_threads);
             measured.push(sc.spawn(move || {
                 if pin && !cores.is_empty() && pin_to(cores[t % cores.len()]) {
@@ -840,10 +913,14 @@ fn threaded(
                 }
                 // A thread without the context fails its calls, and they are counted.
                 let _ = ctx.bind_to_thread();
+                let clock_before = core_ghz();
                 barrier.wait();
                 let (began, before) = (Instant::now(), ThreadUsage::now());
                 let (completed, failures) = thread_pairs(a, s, t, pairs);
-                let after = ThreadUsage::now();
+                let (ended, after) = (Instant::now(), ThreadUsage::now());
+                // Read after the loop's end is taken: not in the measure.
+                let clock = (clock_before + core_ghz()) / 2.0;
+                (clocks.lock().unwrap_or_else(|p| p.into_inner())).push((clock, ended));
                 let mut u = usage.lock().unwrap_or_else(|p| p.into_inner());
                 u.0 += after.cpu_s - before.cpu_s;
                 u.1 += began.elapsed().as_secs_f64();
@@ -876,7 +953,13 @@ fn threaded(
             // scope would (the spinners stop first).
             m.join().expect("a measured thread panicked");
         }
-        let secs = start.elapsed().as_secs_f64();
+        // Up to the last thread's end of its loop (each reads its clock
+        // after that).
+        let last = (clocks.lock().unwrap_or_else(|p| p.into_inner()).iter())
+            .map(|&(_, ended)| ended)
+            .max()
+            .unwrap_or(start);
+        let secs = last.saturating_duration_since(start).as_secs_f64();
         drop(stop_spinners);
         (secs, sampler)
     });
@@ -923,6 +1006,14 @@ fn threaded(
         pinned: pin.then_some(pinned_ok),
         pinned_cores: if pin { cores.len().min(pinned_ok) } else { 0 },
         busy_cores,
+        clock_ghz: super::median(
+            &mut (clocks
+                .into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter())
+            .map(|&(ghz, _)| ghz)
+            .collect::<Vec<_>>(),
+        ),
     })
 }
 
@@ -1033,19 +1124,24 @@ pub(crate) fn async_reserved_high(gpu: &Gpu, reset: bool) -> Result<u64> {
 const CUHEAP_PAIRS: usize = 2_000_000;
 
 /// The pinned rows of the threads case, `(threads, other cores kept
-/// busy)`: one thread alone, eight, and one thread while seven other
-/// cores spin, five times each in turn. A lone busy core may run at a
-/// higher clock than eight busy ones (on the H100 80 GB's host a lone
-/// thread ran at one of two rates from row to row): eight threads against
-/// the busy rows compare them at the clock eight busy cores get, and the
-/// median of five rows of each holds where one row runs at the other
-/// rate (a row takes a fraction of a second).
-const ONE_AND_EIGHT_PINNED: [(usize, usize); 15] = {
-    let turn = [(1, 0), (8, 0), (1, 7)];
-    let mut rows = [(0, 0); 15];
+/// busy, the turn of the cores)`: one thread alone, eight, and one thread
+/// while seven other cores work, five times each in turn. A lone busy
+/// core may run at a higher clock than eight busy ones (on the H100 80
+/// GB's host a lone thread ran at one of two rates from row to row):
+/// eight threads against the busy rows compare them at the clock eight
+/// working cores get, the median of five rows of each holds where one
+/// row runs at the other rate (a row takes a fraction of a second), and
+/// the busy rows' lone thread takes another of the eight cores each turn.
+const ONE_AND_EIGHT_PINNED: [(usize, usize, usize); 15] = {
+    let mut rows = [(0, 0, 0); 15];
     let mut i = 0;
     while i < rows.len() {
-        rows[i] = turn[i % turn.len()];
+        let turn = i / 3;
+        rows[i] = match i % 3 {
+            0 => (1, 0, 0),
+            1 => (8, 0, 0),
+            _ => (1, 7, turn),
+        };
         i += 1;
     }
     rows
@@ -1315,7 +1411,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         for threads in [1, 4, 8, 8] {
             progress(&format!("{} {threads} threads", c.name()));
             r.throughput
-                .push(threaded(gpu, c, threads, CUHEAP_PAIRS, false, 0)?);
+                .push(threaded(gpu, c, threads, CUHEAP_PAIRS, false, 0, 0)?);
         }
         let fresh = FreshPool(Pool::new(
             gpu.context(),
@@ -1329,7 +1425,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
         for threads in [1, 8, 8] {
             progress(&format!("{} {threads} threads", fresh.name()));
             r.throughput
-                .push(threaded(gpu, &fresh, threads, CUHEAP_PAIRS, false, 0)?);
+                .push(threaded(gpu, &fresh, threads, CUHEAP_PAIRS, false, 0, 0)?);
         }
     }
     for a in &allocs[..2] {
@@ -1350,15 +1446,22 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
                 200_000
             };
             r.throughput
-                .push(threaded(gpu, *a, threads, pairs, false, 0)?);
+                .push(threaded(gpu, *a, threads, pairs, false, 0, 0)?);
         }
     }
     // The pool again with each thread on a core of its own: the host's
     // scheduler out of the comparison.
-    for (threads, busy) in ONE_AND_EIGHT_PINNED {
+    for (threads, busy, first) in ONE_AND_EIGHT_PINNED {
         progress(&format!("{} {threads} threads, pinned", allocs[0].name()));
-        r.throughput
-            .push(threaded(gpu, allocs[0], threads, CUHEAP_PAIRS, true, busy)?);
+        r.throughput.push(threaded(
+            gpu,
+            allocs[0],
+            threads,
+            CUHEAP_PAIRS,
+            true,
+            busy,
+            first,
+        )?);
     }
     // How far the host's cores scale the case's loop with nothing shared
     // (ten times the pool's pairs: each call is a few nanoseconds).
@@ -1372,9 +1475,10 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
             10 * CUHEAP_PAIRS,
             false,
             0,
+            0,
         )?);
     }
-    for (threads, busy) in ONE_AND_EIGHT_PINNED {
+    for (threads, busy, first) in ONE_AND_EIGHT_PINNED {
         progress(&format!("{} {threads} threads, pinned", ceiling.name()));
         r.throughput.push(threaded(
             gpu,
@@ -1383,6 +1487,7 @@ pub fn run(gpu: &Gpu, mut progress: impl FnMut(&str)) -> Result<HostReport> {
             10 * CUHEAP_PAIRS,
             true,
             busy,
+            first,
         )?);
     }
     s.synchronize().map_err(|source| Error::Driver {
@@ -1416,16 +1521,20 @@ pub fn table(r: &HostReport) -> String {
     for alt in r.alternating.iter().filter(|a| !a.rounds.is_empty()) {
         let [a, b] = alt.allocators;
         out += &format!(
-            "\n| {} | round | {a} | {b} | {b} / {a} |\n|---|---|---|---|---|\n",
+            "\n| {} | round | {a} | {b} | {b} / {a} | core GHz before the round |\n|---|---|---|---|---|---|\n",
             alt.case
         );
         for (i, ([x, y], q)) in alt.rounds.iter().zip(alt.ratios()).enumerate() {
-            out += &format!("| | {} | {x:.3} | {y:.3} | {q:.1}x |\n", i + 1);
+            let clock = match alt.clocks.get(i) {
+                Some(&g) if g > 0.0 => format!("{g:.2}"),
+                _ => "-".into(),
+            };
+            out += &format!("| | {} | {x:.3} | {y:.3} | {q:.1}x | {clock} |\n", i + 1);
         }
         let mut q = alt.ratios();
         let (mid, lo, hi) = median_and_range(&mut q);
         out += &format!(
-            "| | median of {} rounds | | | {mid:.1}x ({lo:.1}x-{hi:.1}x) |\n",
+            "| | median of {} rounds | | | {mid:.1}x ({lo:.1}x-{hi:.1}x) | |\n",
             q.len()
         );
     }
@@ -1435,7 +1544,7 @@ pub fn table(r: &HostReport) -> String {
             out += &format!("| {} | {} | {:.1} |\n", l.case, l.allocator, l.ns_per_call);
         }
     }
-    out += "\n| threads (own stream each) | allocator | M pairs/s | vs 1 thread (its rows' median) | failures | CPU time / time in the loop | voluntary waits per thread |\n|---|---|---|---|---|---|---|\n";
+    out += "\n| threads (own stream each) | allocator | M pairs/s | vs 1 thread (its rows' median) | failures | CPU time / time in the loop | voluntary waits per thread | core GHz (multiply chain) |\n|---|---|---|---|---|---|---|---|\n";
     for t in &r.throughput {
         let mut ones: Vec<f64> = (r.throughput.iter())
             .filter(|x| {
@@ -1460,8 +1569,12 @@ pub fn table(r: &HostReport) -> String {
         if t.busy_cores > 0 {
             allocator += &format!(", {} other cores busy", t.busy_cores);
         }
+        let clock = match t.clock_ghz > 0.0 {
+            true => format!("{:.2}", t.clock_ghz),
+            false => "-".into(),
+        };
         out += &format!(
-            "| {} | {} | {:.2} | {:.2}x | {} | {:.2} | {:.0} |\n",
+            "| {} | {} | {:.2} | {:.2}x | {} | {:.2} | {:.0} | {clock} |\n",
             t.threads,
             allocator,
             t.pairs_per_s / 1e6,
@@ -1471,7 +1584,7 @@ pub fn table(r: &HostReport) -> String {
             t.waits_per_thread
         );
     }
-    for (allocator, mut ratios) in busy_ratios(r) {
+    for (allocator, mut ratios, per_cycle) in busy_ratios(r) {
         if ratios.is_empty() {
             continue; // no row of eight threads on eight cores
         }
@@ -1483,6 +1596,14 @@ pub fn table(r: &HostReport) -> String {
             ratios.len(),
             super::median(&mut ratios)
         );
+        if let Some(mut q) = per_cycle {
+            out += &format!(
+                "{allocator}: the same in pairs per cycle of each row's core clock (the rows' \
+                 rates over their clocks, not the target's figure): the median of the rows of \
+                 eight: {:.2}x\n",
+                super::median(&mut q)
+            );
+        }
     }
     if !r.memory.is_empty() {
         out += "\n| memory case | allocator | peak requested MiB | held MiB | held / peak | failures |\n|---|---|---|---|---|---|\n";
@@ -1528,13 +1649,18 @@ fn median_and_range(q: &mut [f64]) -> (f64, f64, f64) {
     (super::median(q), lo, hi)
 }
 
+/// [`busy_ratios`]' answer for one allocator: its name, each row of
+/// eight over the median of the lone busy rows, and the same in pairs per
+/// cycle (each row's rate over its clock; `None` where a row has none).
+type BusyRatios = (&'static str, Vec<f64>, Option<Vec<f64>>);
+
 /// Per allocator with pinned rows of one thread beside busy cores: each
 /// pinned row of eight threads (a core each) over the median of those
 /// rows, in the report's order.
-fn busy_ratios(r: &HostReport) -> Vec<(&'static str, Vec<f64>)> {
-    let mut out: Vec<(&'static str, Vec<f64>)> = Vec::new();
+fn busy_ratios(r: &HostReport) -> Vec<BusyRatios> {
+    let mut out: Vec<BusyRatios> = Vec::new();
     for t in &r.throughput {
-        if t.busy_cores == 0 || out.iter().any(|(a, _)| *a == t.allocator) {
+        if t.busy_cores == 0 || out.iter().any(|(a, ..)| *a == t.allocator) {
             continue;
         }
         let rows = |one: bool| {
@@ -1544,14 +1670,21 @@ fn busy_ratios(r: &HostReport) -> Vec<(&'static str, Vec<f64>)> {
                 .filter(move |x| {
                     one || (x.threads == 8 && x.pinned == Some(8) && x.pinned_cores == 8)
                 })
-                .map(|x| x.pairs_per_s)
         };
-        let mut busy: Vec<f64> = rows(true).collect();
+        let mut busy: Vec<f64> = rows(true).map(|x| x.pairs_per_s).collect();
         if busy.is_empty() {
             continue; // busy rows of more than one thread only
         }
         let one = super::median(&mut busy);
-        out.push((t.allocator, rows(false).map(|p| p / one).collect()));
+        let raw = rows(false).map(|x| x.pairs_per_s / one).collect();
+        // Over each row's clock, where every row has one.
+        let clocked = rows(true).chain(rows(false)).all(|x| x.clock_ghz > 0.0);
+        let per_cycle = clocked.then(|| {
+            let mut busy: Vec<f64> = rows(true).map(|x| x.pairs_per_s / x.clock_ghz).collect();
+            let one = super::median(&mut busy);
+            (rows(false).map(|x| x.pairs_per_s / x.clock_ghz / one)).collect()
+        });
+        out.push((t.allocator, raw, per_cycle));
     }
     out
 }
@@ -1660,6 +1793,7 @@ mod tests {
             pinned: Some(threads),
             pinned_cores: threads,
             busy_cores,
+            clock_ghz: if threads == 1 { 4.0 } else { 3.0 },
         };
         let mut r = HostReport {
             device: "test".into(),
@@ -1672,9 +1806,11 @@ mod tests {
             row(1, 9e6, 7),
             row(8, 51e6, 0),
         ];
+        // Per cycle: eight at 3 GHz against lone rows at 4.
+        let per_cycle = vec![60.0 / 3.0 / (8.5 / 4.0), 51.0 / 3.0 / (8.5 / 4.0)];
         assert_eq!(
             busy_ratios(&r),
-            vec![("cuheap pool", vec![60.0 / 8.5, 6.0])]
+            vec![("cuheap pool", vec![60.0 / 8.5, 6.0], Some(per_cycle))]
         );
         let t = table(&r);
         assert!(
@@ -1691,9 +1827,32 @@ mod tests {
             t.contains("(the median of those rows): 7.06x, 6.00x; the median of the 2 rows of eight: 6.53x"),
             "{t}"
         );
+        assert!(
+            t.contains("not the target's figure): the median of the rows of eight: 8.71x"),
+            "{t}"
+        );
+        assert!(t.contains("| 0 | 1.00 | 0 | 3.00 |"), "{t}");
+        // A row with no clock: no line per cycle, and a dash.
+        r.throughput[2].clock_ghz = 0.0;
+        let t = table(&r);
+        assert!(!t.contains("pairs per cycle"), "{t}");
+        assert!(
+            t.contains("busy | 8.00 | 0.80x | 0 | 1.00 | 0 | - |"),
+            "{t}"
+        );
         // With no row of eight threads on eight cores, no line of them.
         r.throughput.retain(|x| x.threads == 1);
         assert!(!table(&r).contains("rows of eight"), "{}", table(&r));
+    }
+
+    /// The clock probe reads a rate on x86-64 (and none elsewhere).
+    #[test]
+    fn the_core_clock_is_read_where_the_add_chain_runs() {
+        let ghz = core_ghz();
+        match cfg!(target_arch = "x86_64") {
+            true => assert!(ghz.is_finite() && ghz > 0.0, "{ghz}"),
+            false => assert_eq!(ghz, 0.0),
+        }
     }
 
     #[test]
@@ -1744,11 +1903,13 @@ mod tests {
             case: "mixed".into(),
             allocators: ["pool", "async"],
             rounds: vec![[0.2, 2.0], [0.1, 1.5], [0.3, 2.4]],
+            clocks: vec![3.1, 2.0, 0.0],
         });
         let t = table(&r);
-        assert!(t.contains("| | 2 | 0.100 | 1.500 | 15.0x |"), "{t}");
+        assert!(t.contains("| | 2 | 0.100 | 1.500 | 15.0x | 2.00 |"), "{t}");
+        assert!(t.contains("| | 3 | 0.300 | 2.400 | 8.0x | - |"), "{t}");
         assert!(
-            t.contains("| | median of 3 rounds | | | 10.0x (8.0x-15.0x) |"),
+            t.contains("| | median of 3 rounds | | | 10.0x (8.0x-15.0x) | |"),
             "{t}"
         );
         r.alternating[0].rounds.clear();
