@@ -54,32 +54,81 @@ pub struct Throughput {
     /// measure), so that a lone thread runs beside as many working cores
     /// as in the runs of more threads.
     pub busy_cores: usize,
-    /// The measured threads' core clock in GHz ([`core_ghz`], read by each
-    /// right before and right after its loop; the median over threads of
-    /// their mean), 0 where it cannot be read: a row of one thread that
-    /// runs faster than the others at the same clock is the allocator's,
-    /// at a higher clock the host's.
-    pub clock_ghz: f64,
+    /// The measured threads' cores ([`core_rates`], read by each right
+    /// before and right after its loop; per rate, the median over threads
+    /// of their mean): a row of one thread that runs faster than the
+    /// others on as much of its core is the allocator's, on more of it
+    /// the host's.
+    pub core: CoreRates,
 }
 
-/// The calling core's clock in GHz: the rate of a chain of dependent
-/// 64-bit multiplies (three cycles each on the x86-64 cores of the last
-/// fifteen years; a chain of additions of a constant is no measure: a
-/// core may fold those as it renames them), the fastest of three tries
-/// of about 0.1 ms each (a try the kernel interrupts reads low); 0 on
-/// other architectures.
-fn core_ghz() -> f64 {
+/// What the calling thread's core gives it now, by two dependent chains
+/// of register arithmetic, each the fastest of three tries of about 0.1
+/// ms (a try the kernel interrupts reads low); 0 on other architectures
+/// than x86-64.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CoreRates {
+    /// The clock in GHz: 64-bit multiplies, three cycles each on the
+    /// x86-64 cores of the last fifteen years, each waiting for the one
+    /// before (so another hardware thread on the core barely moves it).
+    pub ghz: f64,
+    /// Billions a second of additions of a constant, each to the one
+    /// before: a core may fold these as it renames them, several a cycle,
+    /// so this rate follows the share of the core's front end the thread
+    /// gets (lower while another hardware thread, of this machine or of
+    /// its host's other guests, uses the core).
+    pub adds: f64,
+}
+
+impl CoreRates {
+    /// Both rates, each the median over `xs`.
+    fn median_of(xs: &[CoreRates]) -> CoreRates {
+        let mut ghz: Vec<f64> = xs.iter().map(|x| x.ghz).collect();
+        let mut adds: Vec<f64> = xs.iter().map(|x| x.adds).collect();
+        CoreRates {
+            ghz: super::median(&mut ghz),
+            adds: super::median(&mut adds),
+        }
+    }
+
+    /// The mean of two readings.
+    fn mean(self, other: CoreRates) -> CoreRates {
+        CoreRates {
+            ghz: (self.ghz + other.ghz) / 2.0,
+            adds: (self.adds + other.adds) / 2.0,
+        }
+    }
+
+    /// "3.01 / 5.20", or "-" for a rate that could not be read.
+    fn shown(self) -> String {
+        let one = |v: f64| match v > 0.0 {
+            true => format!("{v:.2}"),
+            false => "-".into(),
+        };
+        format!("{} / {}", one(self.ghz), one(self.adds))
+    }
+}
+
+/// The calling core's [`CoreRates`].
+fn core_rates() -> CoreRates {
     #[cfg(target_arch = "x86_64")]
     {
-        /// Loop turns of a try, eight multiplies each.
+        /// Loop turns of a try, eight operations each.
         const TURNS: u64 = 1 << 14;
         /// Cycles a multiply takes, the one it depends on done.
         const LATENCY: u64 = 3;
-        let mut best = 0.0f64;
-        for _ in 0..3 {
-            let began = Instant::now();
-            let (mut x, mut n) = (std::hint::black_box(1u64), TURNS);
-            let one = std::hint::black_box(1u64);
+        // Operations a nanosecond of the fastest of three tries of `run`.
+        let best = |run: &dyn Fn(u64, u64) -> u64| {
+            let mut best = 0.0f64;
+            for _ in 0..3 {
+                let began = Instant::now();
+                std::hint::black_box(run(std::hint::black_box(1), TURNS));
+                let ns = began.elapsed().as_nanos().max(1) as f64;
+                best = best.max((8 * TURNS) as f64 / ns);
+            }
+            best
+        };
+        let multiplies = |mut x: u64, mut n: u64| {
             // SAFETY: register arithmetic only: no memory, no stack, and
             // the registers written are declared so.
             unsafe {
@@ -91,19 +140,36 @@ fn core_ghz() -> f64 {
                     "jnz 2b",
                     x = inout(reg) x,
                     n = inout(reg) n,
-                    one = in(reg) one,
+                    one = in(reg) std::hint::black_box(1u64),
                     options(nomem, nostack),
                 );
             }
-            std::hint::black_box((x, n));
-            let ns = began.elapsed().as_nanos().max(1) as f64;
-            best = best.max((8 * LATENCY * TURNS) as f64 / ns);
+            x ^ n
+        };
+        let adds = |mut x: u64, mut n: u64| {
+            // SAFETY: as for the multiplies.
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                    "dec {n}",
+                    "jnz 2b",
+                    x = inout(reg) x,
+                    n = inout(reg) n,
+                    options(nomem, nostack),
+                );
+            }
+            x ^ n
+        };
+        CoreRates {
+            ghz: LATENCY as f64 * best(&multiplies),
+            adds: best(&adds),
         }
-        best
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        0.0
+        CoreRates::default()
     }
 }
 
@@ -235,9 +301,8 @@ pub struct Alternating {
     /// Per round, each allocator's figure (the case names it: a p50 in
     /// microseconds, or a mean in nanoseconds).
     pub rounds: Vec<[f64; 2]>,
-    /// Per round, the core clock in GHz read right before it
-    /// ([`core_ghz`]; 0 where it cannot be read).
-    pub clocks: Vec<f64>,
+    /// Per round, the core read right before it ([`core_rates`]).
+    pub cores: Vec<CoreRates>,
 }
 
 impl Alternating {
@@ -681,13 +746,13 @@ fn mixed_alternating(
     mixed_round(a, s, &sizes)?;
     mixed_round(b, s, &sizes)?;
     let (mut p50s, mut means) = (Vec::new(), Vec::new());
-    let (mut clocks, mut clocks_whole) = (Vec::new(), Vec::new());
+    let (mut cores, mut cores_whole) = (Vec::new(), Vec::new());
     for _ in 0..ALTERNATING_ROUNDS {
-        clocks.push(core_ghz());
+        cores.push(core_rates());
         let (mut ta, _) = mixed_round(a, s, &sizes)?;
         let (mut tb, _) = mixed_round(b, s, &sizes)?;
         p50s.push([pct(&mut ta, 0.5), pct(&mut tb, 0.5)]);
-        clocks_whole.push(core_ghz());
+        cores_whole.push(core_rates());
         let ma = mixed_round_whole(a, s, &sizes)?;
         let mb = mixed_round_whole(b, s, &sizes)?;
         means.push([ma, mb]);
@@ -698,13 +763,13 @@ fn mixed_alternating(
             case: format!("{case}: alloc p50, us (a clock around each call)"),
             allocators: [a.name(), b.name()],
             rounds: p50s,
-            clocks,
+            cores,
         },
         Alternating {
             case: format!("{case}: mean ns per alloc (no clock per call)"),
             allocators: [a.name(), b.name()],
             rounds: means,
-            clocks: clocks_whole,
+            cores: cores_whole,
         },
     ])
 }
@@ -868,7 +933,7 @@ fn threaded(
     let pinned_threads = AtomicU64::new(0);
     // Per thread: CPU seconds, seconds in the loop, voluntary switches.
     let usage = Mutex::new((0.0f64, 0.0f64, 0u64));
-    let clocks: Mutex<Vec<(f64, Instant)>> = Mutex::new(Vec::with_capacity(threads));
+    let clocks: Mutex<Vec<(CoreRates, Instant)>> = Mutex::new(Vec::with_capacity(threads));
     let ready = AtomicU64::new(0);
     /// Stops the spinners when dropped, also when the measure panics: the
     /// scope waits for every thread it spawned.
@@ -913,14 +978,14 @@ fn threaded(
                 }
                 // A thread without the context fails its calls, and they are counted.
                 let _ = ctx.bind_to_thread();
-                let clock_before = core_ghz();
+                let core_before = core_rates();
                 barrier.wait();
                 let (began, before) = (Instant::now(), ThreadUsage::now());
                 let (completed, failures) = thread_pairs(a, s, t, pairs);
                 let (ended, after) = (Instant::now(), ThreadUsage::now());
                 // Read after the loop's end is taken: not in the measure.
-                let clock = (clock_before + core_ghz()) / 2.0;
-                (clocks.lock().unwrap_or_else(|p| p.into_inner())).push((clock, ended));
+                let core = core_before.mean(core_rates());
+                (clocks.lock().unwrap_or_else(|p| p.into_inner())).push((core, ended));
                 let mut u = usage.lock().unwrap_or_else(|p| p.into_inner());
                 u.0 += after.cpu_s - before.cpu_s;
                 u.1 += began.elapsed().as_secs_f64();
@@ -1006,12 +1071,12 @@ fn threaded(
         pinned: pin.then_some(pinned_ok),
         pinned_cores: if pin { cores.len().min(pinned_ok) } else { 0 },
         busy_cores,
-        clock_ghz: super::median(
-            &mut (clocks
+        core: CoreRates::median_of(
+            &(clocks
                 .into_inner()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter())
-            .map(|&(ghz, _)| ghz)
+            .map(|&(core, _)| core)
             .collect::<Vec<_>>(),
         ),
     })
@@ -1521,14 +1586,11 @@ pub fn table(r: &HostReport) -> String {
     for alt in r.alternating.iter().filter(|a| !a.rounds.is_empty()) {
         let [a, b] = alt.allocators;
         out += &format!(
-            "\n| {} | round | {a} | {b} | {b} / {a} | core GHz before the round |\n|---|---|---|---|---|---|\n",
+            "\n| {} | round | {a} | {b} | {b} / {a} | core before the round: GHz / G adds/s |\n|---|---|---|---|---|---|\n",
             alt.case
         );
         for (i, ([x, y], q)) in alt.rounds.iter().zip(alt.ratios()).enumerate() {
-            let clock = match alt.clocks.get(i) {
-                Some(&g) if g > 0.0 => format!("{g:.2}"),
-                _ => "-".into(),
-            };
+            let clock = alt.cores.get(i).copied().unwrap_or_default().shown();
             out += &format!("| | {} | {x:.3} | {y:.3} | {q:.1}x | {clock} |\n", i + 1);
         }
         let mut q = alt.ratios();
@@ -1544,7 +1606,7 @@ pub fn table(r: &HostReport) -> String {
             out += &format!("| {} | {} | {:.1} |\n", l.case, l.allocator, l.ns_per_call);
         }
     }
-    out += "\n| threads (own stream each) | allocator | M pairs/s | vs 1 thread (its rows' median) | failures | CPU time / time in the loop | voluntary waits per thread | core GHz (multiply chain) |\n|---|---|---|---|---|---|---|---|\n";
+    out += "\n| threads (own stream each) | allocator | M pairs/s | vs 1 thread (its rows' median) | failures | CPU time / time in the loop | voluntary waits per thread | core: GHz / G adds/s |\n|---|---|---|---|---|---|---|---|\n";
     for t in &r.throughput {
         let mut ones: Vec<f64> = (r.throughput.iter())
             .filter(|x| {
@@ -1569,10 +1631,7 @@ pub fn table(r: &HostReport) -> String {
         if t.busy_cores > 0 {
             allocator += &format!(", {} other cores busy", t.busy_cores);
         }
-        let clock = match t.clock_ghz > 0.0 {
-            true => format!("{:.2}", t.clock_ghz),
-            false => "-".into(),
-        };
+        let clock = t.core.shown();
         out += &format!(
             "| {} | {} | {:.2} | {:.2}x | {} | {:.2} | {:.0} | {clock} |\n",
             t.threads,
@@ -1584,7 +1643,7 @@ pub fn table(r: &HostReport) -> String {
             t.waits_per_thread
         );
     }
-    for (allocator, mut ratios, per_cycle) in busy_ratios(r) {
+    for (allocator, mut ratios, per_rate) in busy_ratios(r) {
         if ratios.is_empty() {
             continue; // no row of eight threads on eight cores
         }
@@ -1596,11 +1655,10 @@ pub fn table(r: &HostReport) -> String {
             ratios.len(),
             super::median(&mut ratios)
         );
-        if let Some(mut q) = per_cycle {
+        for (what, mut q) in per_rate {
             out += &format!(
-                "{allocator}: the same in pairs per cycle of each row's core clock (the rows' \
-                 rates over their clocks, not the target's figure): the median of the rows of \
-                 eight: {:.2}x\n",
+                "{allocator}: the same over each row's {what} (not the target's figure): the \
+                 median of the rows of eight: {:.2}x\n",
                 super::median(&mut q)
             );
         }
@@ -1650,9 +1708,10 @@ fn median_and_range(q: &mut [f64]) -> (f64, f64, f64) {
 }
 
 /// [`busy_ratios`]' answer for one allocator: its name, each row of
-/// eight over the median of the lone busy rows, and the same in pairs per
-/// cycle (each row's rate over its clock; `None` where a row has none).
-type BusyRatios = (&'static str, Vec<f64>, Option<Vec<f64>>);
+/// eight over the median of the lone busy rows, and the same over each
+/// rate of [`CoreRates`] that every row has (named: each row's pairs a
+/// second over that rate).
+type BusyRatios = (&'static str, Vec<f64>, Vec<(&'static str, Vec<f64>)>);
 
 /// Per allocator with pinned rows of one thread beside busy cores: each
 /// pinned row of eight threads (a core each) over the median of those
@@ -1677,14 +1736,22 @@ fn busy_ratios(r: &HostReport) -> Vec<BusyRatios> {
         }
         let one = super::median(&mut busy);
         let raw = rows(false).map(|x| x.pairs_per_s / one).collect();
-        // Over each row's clock, where every row has one.
-        let clocked = rows(true).chain(rows(false)).all(|x| x.clock_ghz > 0.0);
-        let per_cycle = clocked.then(|| {
-            let mut busy: Vec<f64> = rows(true).map(|x| x.pairs_per_s / x.clock_ghz).collect();
-            let one = super::median(&mut busy);
-            (rows(false).map(|x| x.pairs_per_s / x.clock_ghz / one)).collect()
-        });
-        out.push((t.allocator, raw, per_cycle));
+        // Over each row's rate of its core, where every row has it.
+        type Probe = (&'static str, fn(&CoreRates) -> f64);
+        let probes: [Probe; 2] = [
+            ("core clock (pairs per cycle)", |c| c.ghz),
+            ("add chain's rate (pairs per addition)", |c| c.adds),
+        ];
+        let mut per_rate = Vec::new();
+        for (what, rate) in probes {
+            if !rows(true).chain(rows(false)).all(|x| rate(&x.core) > 0.0) {
+                continue;
+            }
+            let per = |x: &Throughput| x.pairs_per_s / rate(&x.core);
+            let one = super::median(&mut rows(true).map(per).collect::<Vec<_>>());
+            per_rate.push((what, rows(false).map(|x| per(x) / one).collect()));
+        }
+        out.push((t.allocator, raw, per_rate));
     }
     out
 }
@@ -1793,7 +1860,10 @@ mod tests {
             pinned: Some(threads),
             pinned_cores: threads,
             busy_cores,
-            clock_ghz: if threads == 1 { 4.0 } else { 3.0 },
+            core: CoreRates {
+                ghz: if threads == 1 { 4.0 } else { 3.0 },
+                adds: 6.0,
+            },
         };
         let mut r = HostReport {
             device: "test".into(),
@@ -1806,12 +1876,28 @@ mod tests {
             row(1, 9e6, 7),
             row(8, 51e6, 0),
         ];
-        // Per cycle: eight at 3 GHz against lone rows at 4.
-        let per_cycle = vec![60.0 / 3.0 / (8.5 / 4.0), 51.0 / 3.0 / (8.5 / 4.0)];
+        // Per cycle: eight at 3 GHz against lone rows at 4; per addition
+        // (the same rate in every row) as they are.
+        let per_cycle = [60.0 / 3.0 / (8.5 / 4.0), 51.0 / 3.0 / (8.5 / 4.0)];
+        let raw = [60.0 / 8.5, 6.0];
+        let close = |a: &[f64], b: &[f64]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9)
+        };
+        let got = busy_ratios(&r);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let (allocator, ratios, per_rate) = &got[0];
+        assert_eq!(*allocator, "cuheap pool");
+        assert!(close(ratios, &raw), "{got:?}");
+        let names: Vec<&str> = per_rate.iter().map(|(what, _)| *what).collect();
         assert_eq!(
-            busy_ratios(&r),
-            vec![("cuheap pool", vec![60.0 / 8.5, 6.0], Some(per_cycle))]
+            names,
+            [
+                "core clock (pairs per cycle)",
+                "add chain's rate (pairs per addition)"
+            ]
         );
+        assert!(close(&per_rate[0].1, &per_cycle), "{got:?}");
+        assert!(close(&per_rate[1].1, &raw), "{got:?}");
         let t = table(&r);
         assert!(
             t.contains("| 8 | cuheap pool, pinned (a core each) | 60.00 | 6.00x |"),
@@ -1828,16 +1914,21 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("not the target's figure): the median of the rows of eight: 8.71x"),
+            t.contains("(pairs per cycle) (not the target's figure): the median of the rows of eight: 8.71x"),
             "{t}"
         );
-        assert!(t.contains("| 0 | 1.00 | 0 | 3.00 |"), "{t}");
+        assert!(
+            t.contains("(pairs per addition) (not the target's figure): the median of the rows of eight: 6.53x"),
+            "{t}"
+        );
+        assert!(t.contains("| 0 | 1.00 | 0 | 3.00 / 6.00 |"), "{t}");
         // A row with no clock: no line per cycle, and a dash.
-        r.throughput[2].clock_ghz = 0.0;
+        r.throughput[2].core.ghz = 0.0;
         let t = table(&r);
         assert!(!t.contains("pairs per cycle"), "{t}");
+        assert!(t.contains("pairs per addition"), "{t}");
         assert!(
-            t.contains("busy | 8.00 | 0.80x | 0 | 1.00 | 0 | - |"),
+            t.contains("busy | 8.00 | 0.80x | 0 | 1.00 | 0 | - / 6.00 |"),
             "{t}"
         );
         // With no row of eight threads on eight cores, no line of them.
@@ -1848,11 +1939,14 @@ mod tests {
     /// The clock probe reads a rate on x86-64 (and none elsewhere).
     #[test]
     fn the_core_clock_is_read_where_the_add_chain_runs() {
-        let ghz = core_ghz();
-        match cfg!(target_arch = "x86_64") {
-            true => assert!(ghz.is_finite() && ghz > 0.0, "{ghz}"),
-            false => assert_eq!(ghz, 0.0),
+        let c = core_rates();
+        for v in [c.ghz, c.adds] {
+            match cfg!(target_arch = "x86_64") {
+                true => assert!(v.is_finite() && v > 0.0, "{c:?}"),
+                false => assert_eq!(v, 0.0),
+            }
         }
+        assert_eq!(CoreRates::default().shown(), "- / -");
     }
 
     #[test]
@@ -1903,11 +1997,19 @@ mod tests {
             case: "mixed".into(),
             allocators: ["pool", "async"],
             rounds: vec![[0.2, 2.0], [0.1, 1.5], [0.3, 2.4]],
-            clocks: vec![3.1, 2.0, 0.0],
+            cores: [3.1, 2.0, 0.0]
+                .map(|ghz| CoreRates { ghz, adds: 5.0 })
+                .to_vec(),
         });
         let t = table(&r);
-        assert!(t.contains("| | 2 | 0.100 | 1.500 | 15.0x | 2.00 |"), "{t}");
-        assert!(t.contains("| | 3 | 0.300 | 2.400 | 8.0x | - |"), "{t}");
+        assert!(
+            t.contains("| | 2 | 0.100 | 1.500 | 15.0x | 2.00 / 5.00 |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| | 3 | 0.300 | 2.400 | 8.0x | - / 5.00 |"),
+            "{t}"
+        );
         assert!(
             t.contains("| | median of 3 rounds | | | 10.0x (8.0x-15.0x) | |"),
             "{t}"
