@@ -128,40 +128,28 @@ fn core_rates() -> CoreRates {
             }
             best
         };
-        let multiplies = |mut x: u64, mut n: u64| {
-            // SAFETY: register arithmetic only: no memory, no stack, and
-            // the registers written are declared so.
-            unsafe {
-                std::arch::asm!(
-                    "2:",
-                    "imul {x}, {one}", "imul {x}, {one}", "imul {x}, {one}", "imul {x}, {one}",
-                    "imul {x}, {one}", "imul {x}, {one}", "imul {x}, {one}", "imul {x}, {one}",
-                    "dec {n}",
-                    "jnz 2b",
-                    x = inout(reg) x,
-                    n = inout(reg) n,
-                    one = in(reg) std::hint::black_box(1u64),
-                    options(nomem, nostack),
-                );
-            }
-            x ^ n
-        };
-        let adds = |mut x: u64, mut n: u64| {
-            // SAFETY: as for the multiplies.
-            unsafe {
-                std::arch::asm!(
-                    "2:",
-                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
-                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
-                    "dec {n}",
-                    "jnz 2b",
-                    x = inout(reg) x,
-                    n = inout(reg) n,
-                    options(nomem, nostack),
-                );
-            }
-            x ^ n
-        };
+        // A closure that runs `n` turns of eight `$op`s, each on the
+        // result of the one before, in `x`.
+        macro_rules! chain {
+            ($op:literal $(, $name:ident = $value:expr)?) => {
+                |mut x: u64, mut n: u64| {
+                    // SAFETY: register arithmetic only: no memory, no
+                    // stack, and the registers written are declared so.
+                    unsafe {
+                        std::arch::asm!(
+                            "2:", $op, $op, $op, $op, $op, $op, $op, $op, "dec {n}", "jnz 2b",
+                            x = inout(reg) x,
+                            n = inout(reg) n,
+                            $($name = in(reg) $value,)?
+                            options(nomem, nostack),
+                        );
+                    }
+                    x ^ n
+                }
+            };
+        }
+        let multiplies = chain!("imul {x}, {one}", one = std::hint::black_box(1u64));
+        let adds = chain!("add {x}, 1");
         CoreRates {
             ghz: LATENCY as f64 * best(&multiplies),
             adds: best(&adds),
