@@ -54,23 +54,25 @@ pub struct Throughput {
     /// measure), so that a lone thread runs beside as many working cores
     /// as in the runs of more threads.
     pub busy_cores: usize,
-    /// The measured threads' cores ([`core_rates`], read by each right
-    /// before and right after its loop; per rate, the median over threads
-    /// of their mean): a row of one thread that runs faster than the
-    /// others on as much of its core is the allocator's, on more of it
-    /// the host's.
+    /// The measured threads' cores ([`core_rates`], read by all of them
+    /// together right before the start, and by each right after its loop;
+    /// per rate, the median over threads of their mean). If a lone row
+    /// beats the rows of eight at the same rates, the gap is the
+    /// allocator's; if it also reads higher rates, part of the gap is the
+    /// host's.
     pub core: CoreRates,
 }
 
 /// What the calling thread's core gives it now, by two dependent chains
-/// of register arithmetic, each the fastest of three tries of about 0.1
-/// ms (a try the kernel interrupts reads low); 0 on other architectures
-/// than x86-64.
+/// of register arithmetic, each the fastest of three tries (a try the
+/// kernel interrupts reads low; the whole probe about 0.4 ms); 0 on other
+/// architectures than x86-64.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct CoreRates {
-    /// The clock in GHz: 64-bit multiplies, three cycles each on the
-    /// x86-64 cores of the last fifteen years, each waiting for the one
-    /// before (so another hardware thread on the core barely moves it).
+    /// The clock in GHz: 64-bit multiplies, each waiting for the one
+    /// before (so another hardware thread on the core barely moves it),
+    /// at three cycles each (Intel's cores since Nehalem, AMD's since
+    /// Zen; a core where they take longer reads low).
     pub ghz: f64,
     /// Billions a second of additions of a constant, each to the one
     /// before: a core may fold these as it renames them, several a cycle,
@@ -289,7 +291,9 @@ pub struct Alternating {
     /// Per round, each allocator's figure (the case names it: a p50 in
     /// microseconds, or a mean in nanoseconds).
     pub rounds: Vec<[f64; 2]>,
-    /// Per round, the core read right before it ([`core_rates`]).
+    /// Per round, the core of the thread that runs it read right before
+    /// the first allocator's round ([`core_rates`]; the thread is not
+    /// pinned).
     pub cores: Vec<CoreRates>,
 }
 
@@ -890,6 +894,33 @@ impl Alloc for PrivateLists<Arc<CudaStream>> {
     }
 }
 
+/// The cores of a pinned row, from `cores` (the physical cores the
+/// process may use, [`own_cores`]) with the first `threads + busy` of them
+/// turned left by `first`: the core of each measured thread (in turn
+/// where there are fewer cores than threads; none without cores), and
+/// the busy workers' (up to `busy`, the cores after the measured threads'
+/// while any are left). A row of eight with no turn takes the first
+/// eight cores; a lone thread beside seven busy ones takes the `first`-th
+/// of those eight, and the workers the other seven.
+fn row_cores(
+    cores: &[usize],
+    threads: usize,
+    busy: usize,
+    first: usize,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut cores = cores.to_vec();
+    let span = (threads + busy).min(cores.len());
+    if span > 0 {
+        cores[..span].rotate_left(first % span);
+    }
+    let measured = match cores.is_empty() {
+        true => Vec::new(),
+        false => (0..threads).map(|t| cores[t % cores.len()]).collect(),
+    };
+    let workers = cores[threads.min(cores.len())..span].to_vec();
+    (measured, workers)
+}
+
 /// `threads` host threads, each with its own stream, alloc/free pairs of
 /// 256 B..64 KiB with up to 64 live per thread ([`thread_pairs`]); with
 /// `pin`, thread `t` runs on the `t`-th physical core the process may use
@@ -897,8 +928,8 @@ impl Alloc for PrivateLists<Arc<CudaStream>> {
 /// and up to `busy` more threads work on the cores after those while
 /// the measured threads run ([`Throughput::busy_cores`]; as many as
 /// there are cores left). `first` turns the cores the measured and busy
-/// threads take between them (cyclically), so that lone rows beside busy
-/// cores in turn sample each core the rows of eight use.
+/// threads take between them ([`row_cores`]), so that lone rows beside
+/// busy cores take another core each turn.
 fn threaded(
     gpu: &Gpu,
     a: &dyn Alloc,
@@ -909,74 +940,85 @@ fn threaded(
     first: usize,
 ) -> Result<Throughput> {
     let streams = new_streams(gpu, threads)?;
-    let barrier = Barrier::new(threads + 1);
+    // The measured threads read their cores together, then start
+    // together with the main thread.
+    let (probe, barrier) = (Barrier::new(threads), Barrier::new(threads + 1));
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
-    let mut cores = if pin { own_cores() } else { Vec::new() };
-    let span = (threads + busy).min(cores.len());
-    if span > 0 {
-        cores[..span].rotate_left(first % span);
-    }
-    let spinners = &cores[threads.min(cores.len())..(threads + busy).min(cores.len())];
-    let (spinning, stop) = (AtomicU64::new(0), AtomicBool::new(false));
+    let all_cores = if pin { own_cores() } else { Vec::new() };
+    let (cores, workers) = row_cores(&all_cores, threads, busy, first);
+    let (working, stop) = (AtomicU64::new(0), AtomicBool::new(false));
     let pinned_threads = AtomicU64::new(0);
     // Per thread: CPU seconds, seconds in the loop, voluntary switches.
     let usage = Mutex::new((0.0f64, 0.0f64, 0u64));
-    let clocks: Mutex<Vec<(CoreRates, Instant)>> = Mutex::new(Vec::with_capacity(threads));
+    // Per thread: its cores' rates, when its loop began and ended.
+    type Span = (CoreRates, Instant, Instant);
+    let spans: Mutex<Vec<Span>> = Mutex::new(Vec::with_capacity(threads));
     let ready = AtomicU64::new(0);
-    /// Stops the spinners when dropped, also when the measure panics: the
-    /// scope waits for every thread it spawned.
+    /// Stops the busy workers when dropped, also when the measure panics:
+    /// the scope waits for every thread it spawned.
     struct Stop<'a>(&'a AtomicBool);
     impl Drop for Stop<'_> {
         fn drop(&mut self) {
             self.0.store(true, Ordering::Relaxed);
         }
     }
-    let (secs, sampler) = std::thread::scope(|sc| {
-        let stop_spinners = Stop(&stop);
-        for &core in spinners {
-            let (spinning, stop, ready) = (&spinning, &stop, &ready);
+    let sampler = std::thread::scope(|sc| {
+        let stop_workers = Stop(&stop);
+        for &core in &workers {
+            let (working, stop, ready) = (&working, &stop, &ready);
             sc.spawn(move || {
                 let pinned = pin_to(core);
-                spinning.fetch_add(pinned as u64, Ordering::Relaxed);
+                working.fetch_add(pinned as u64, Ordering::Relaxed);
                 ready.fetch_add(1, Ordering::Release);
-                // A spinner the kernel did not pin stops at once: it could
-                // land on a measured thread's core. A pinned one works (a
-                // pause loop may let a virtual machine's host take the
-                // core back, and a core that waits draws less power than
-                // one that works, either leaving the measured one a
-                // higher clock than the rows of eight get).
+                // A worker the kernel did not pin stops at once: it could
+                // land on a measured thread's core. A pinned one works,
+                // not a pause loop (which may let a virtual machine's
+                // host take the core back, and a core that waits draws
+                // less power than one that works, either leaving the
+                // measured one more of its core than the rows of eight
+                // get).
                 let ceiling = PrivateLists::<()>::default();
                 while pinned && !stop.load(Ordering::Relaxed) {
                     std::hint::black_box(thread_pairs(&ceiling, &(), core, 4096));
                 }
             });
         }
-        // The spinners are pinned and spinning before the measure starts.
-        while ready.load(Ordering::Acquire) < spinners.len() as u64 {
+        // The workers are pinned and working before the measure starts.
+        while ready.load(Ordering::Acquire) < workers.len() as u64 {
             std::thread::yield_now();
         }
         let mut measured = Vec::with_capacity(threads);
         for (t, s) in streams.iter().enumerate() {
-            let (barrier, done, failed, usage, clocks, ctx) =
-                (&barrier, &done, &failed, &usage, &clocks, gpu.context());
+            let (probe, barrier, done, failed, usage, spans, ctx) = (
+                &probe,
+                &barrier,
+                &done,
+                &failed,
+                &usage,
+                &spans,
+                gpu.context(),
+            );
             let (cores, pinned_threads) = (&cores, &pinned_threads);
             measured.push(sc.spawn(move || {
-                if pin && !cores.is_empty() && pin_to(cores[t % cores.len()]) {
+                if cores.get(t).is_some_and(|&c| pin_to(c)) {
                     pinned_threads.fetch_add(1, Ordering::Relaxed);
                 }
                 // A thread without the context fails its calls, and they are counted.
                 let _ = ctx.bind_to_thread();
+                probe.wait();
                 let core_before = core_rates();
                 barrier.wait();
                 let (began, before) = (Instant::now(), ThreadUsage::now());
                 let (completed, failures) = thread_pairs(a, s, t, pairs);
                 let (ended, after) = (Instant::now(), ThreadUsage::now());
-                // Read after the loop's end is taken: not in the measure.
+                // Read after the loop's end is taken, so not in the
+                // measure (the last thread's reading is taken with the
+                // others done).
                 let core = core_before.mean(core_rates());
-                (clocks.lock().unwrap_or_else(|p| p.into_inner())).push((core, ended));
+                (spans.lock().unwrap_or_else(|p| p.into_inner())).push((core, began, ended));
                 let mut u = usage.lock().unwrap_or_else(|p| p.into_inner());
                 u.0 += after.cpu_s - before.cpu_s;
-                u.1 += began.elapsed().as_secs_f64();
+                u.1 += (ended - began).as_secs_f64();
                 u.2 += after.waits - before.waits;
                 done.fetch_add(completed, Ordering::Relaxed);
                 failed.fetch_add(failures, Ordering::Relaxed);
@@ -1000,24 +1042,25 @@ fn threaded(
             _ => None,
         };
         barrier.wait();
-        let start = Instant::now();
         for m in measured {
             // A measured thread that panicked fails the benchmark, as the
-            // scope would (the spinners stop first).
+            // scope would (the workers stop first).
             m.join().expect("a measured thread panicked");
         }
-        // Up to the last thread's end of its loop (each reads its clock
-        // after that).
-        let last = (clocks.lock().unwrap_or_else(|p| p.into_inner()).iter())
-            .map(|&(_, ended)| ended)
-            .max()
-            .unwrap_or(start);
-        let secs = last.saturating_duration_since(start).as_secs_f64();
-        drop(stop_spinners);
-        (secs, sampler)
+        drop(stop_workers);
+        sampler
     });
-    // The spinners that ran (a spinner the kernel did not pin stops).
-    let busy_cores = spinning.into_inner() as usize;
+    let spans = spans.into_inner().unwrap_or_else(|p| p.into_inner());
+    // From the first thread's start of its loop to the last one's end.
+    let secs = match (
+        spans.iter().map(|&(_, began, _)| began).min(),
+        spans.iter().map(|&(_, _, ended)| ended).max(),
+    ) {
+        (Some(began), Some(ended)) => (ended - began).as_secs_f64().max(1e-9),
+        _ => f64::NAN,
+    };
+    // The workers that ran (a worker the kernel did not pin stops).
+    let busy_cores = working.into_inner() as usize;
     if let Some((s, dir)) = sampler {
         let mut name: String = a
             .name()
@@ -1057,16 +1100,13 @@ fn threaded(
         cpu_share: cpu / wall.max(f64::MIN_POSITIVE),
         waits_per_thread: waits as f64 / threads as f64,
         pinned: pin.then_some(pinned_ok),
-        pinned_cores: if pin { cores.len().min(pinned_ok) } else { 0 },
+        pinned_cores: if pin {
+            all_cores.len().min(pinned_ok)
+        } else {
+            0
+        },
         busy_cores,
-        core: CoreRates::median_of(
-            &(clocks
-                .into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter())
-            .map(|&(core, _)| core)
-            .collect::<Vec<_>>(),
-        ),
+        core: CoreRates::median_of(&spans.iter().map(|&(core, ..)| core).collect::<Vec<_>>()),
     })
 }
 
@@ -1574,7 +1614,7 @@ pub fn table(r: &HostReport) -> String {
     for alt in r.alternating.iter().filter(|a| !a.rounds.is_empty()) {
         let [a, b] = alt.allocators;
         out += &format!(
-            "\n| {} | round | {a} | {b} | {b} / {a} | core before the round: GHz / G adds/s |\n|---|---|---|---|---|---|\n",
+            "\n| {} | round | {a} | {b} | {b} / {a} | this thread's core before the pair of rounds: GHz / G adds/s |\n|---|---|---|---|---|---|\n",
             alt.case
         );
         for (i, ([x, y], q)) in alt.rounds.iter().zip(alt.ratios()).enumerate() {
@@ -1644,9 +1684,13 @@ pub fn table(r: &HostReport) -> String {
             super::median(&mut ratios)
         );
         for (what, mut q) in per_rate {
+            let shown: Vec<String> = q.iter().map(|q| format!("{q:.2}x")).collect();
             out += &format!(
-                "{allocator}: the same over each row's {what} (not the target's figure): the \
-                 median of the rows of eight: {:.2}x\n",
+                "{allocator}: the same with each row's pairs a second divided by its {what}, \
+                 for reference (the target's figure is the line above): {}; the median of the \
+                 {} rows of eight: {:.2}x\n",
+                shown.join(", "),
+                q.len(),
                 super::median(&mut q)
             );
         }
@@ -1727,8 +1771,8 @@ fn busy_ratios(r: &HostReport) -> Vec<BusyRatios> {
         // Over each row's rate of its core, where every row has it.
         type Probe = (&'static str, fn(&CoreRates) -> f64);
         let probes: [Probe; 2] = [
-            ("core clock (pairs per cycle)", |c| c.ghz),
-            ("add chain's rate (pairs per addition)", |c| c.adds),
+            ("core clock", |c| c.ghz),
+            ("addition chain's rate", |c| c.adds),
         ];
         let mut per_rate = Vec::new();
         for (what, rate) in probes {
@@ -1877,13 +1921,7 @@ mod tests {
         assert_eq!(*allocator, "cuheap pool");
         assert!(close(ratios, &raw), "{got:?}");
         let names: Vec<&str> = per_rate.iter().map(|(what, _)| *what).collect();
-        assert_eq!(
-            names,
-            [
-                "core clock (pairs per cycle)",
-                "add chain's rate (pairs per addition)"
-            ]
-        );
+        assert_eq!(names, ["core clock", "addition chain's rate"]);
         assert!(close(&per_rate[0].1, &per_cycle), "{got:?}");
         assert!(close(&per_rate[1].1, &raw), "{got:?}");
         let t = table(&r);
@@ -1902,19 +1940,19 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("(pairs per cycle) (not the target's figure): the median of the rows of eight: 8.71x"),
+            t.contains("divided by its core clock, for reference (the target's figure is the line above): 9.41x, 8.00x; the median of the 2 rows of eight: 8.71x"),
             "{t}"
         );
         assert!(
-            t.contains("(pairs per addition) (not the target's figure): the median of the rows of eight: 6.53x"),
+            t.contains("divided by its addition chain's rate, for reference (the target's figure is the line above): 7.06x, 6.00x; the median of the 2 rows of eight: 6.53x"),
             "{t}"
         );
         assert!(t.contains("| 0 | 1.00 | 0 | 3.00 / 6.00 |"), "{t}");
         // A row with no clock: no line per cycle, and a dash.
         r.throughput[2].core.ghz = 0.0;
         let t = table(&r);
-        assert!(!t.contains("pairs per cycle"), "{t}");
-        assert!(t.contains("pairs per addition"), "{t}");
+        assert!(!t.contains("divided by its core clock"), "{t}");
+        assert!(t.contains("divided by its addition chain's rate"), "{t}");
         assert!(
             t.contains("busy | 8.00 | 0.80x | 0 | 1.00 | 0 | - / 6.00 |"),
             "{t}"
@@ -1924,17 +1962,45 @@ mod tests {
         assert!(!table(&r).contains("rows of eight"), "{}", table(&r));
     }
 
-    /// The clock probe reads a rate on x86-64 (and none elsewhere).
+    /// The core probe reads rates a core can give on x86-64: a chain the
+    /// compiler or the core skipped would read thousands of GHz (and none
+    /// elsewhere).
     #[test]
-    fn the_core_clock_is_read_where_the_add_chain_runs() {
+    fn the_core_probe_reads_rates_a_core_can_give() {
         let c = core_rates();
         for v in [c.ghz, c.adds] {
             match cfg!(target_arch = "x86_64") {
-                true => assert!(v.is_finite() && v > 0.0, "{c:?}"),
+                true => assert!(v.is_finite() && v > 0.0 && v < 100.0, "{c:?}"),
                 false => assert_eq!(v, 0.0),
             }
         }
         assert_eq!(CoreRates::default().shown(), "- / -");
+    }
+
+    /// Measured threads and busy workers never share a core; rows of
+    /// eight keep the first eight cores; each turn of a lone busy row
+    /// takes another of them; few cores or none do not panic.
+    #[test]
+    fn row_cores_keep_measured_and_busy_threads_apart() {
+        let cores: Vec<usize> = (0..16).map(|c| 2 * c).collect();
+        assert_eq!(row_cores(&cores, 8, 0, 0), (cores[..8].to_vec(), vec![]));
+        for turn in 0..8 {
+            let (measured, workers) = row_cores(&cores, 1, 7, turn);
+            assert_eq!(measured, [cores[turn]]);
+            assert_eq!(workers.len(), 7);
+            let mut all = [measured, workers].concat();
+            all.sort_unstable();
+            assert_eq!(all, cores[..8], "turn {turn}");
+        }
+        assert_eq!(row_cores(&cores, 1, 0, 3), (vec![cores[0]], vec![]));
+        // Fewer cores than threads: shared in turn, no workers.
+        assert_eq!(row_cores(&[5, 7], 4, 7, 0), (vec![5, 7, 5, 7], vec![]));
+        assert_eq!(
+            row_cores(&[5, 7, 9, 11], 1, 7, 1),
+            (vec![7], vec![9, 11, 5])
+        );
+        assert_eq!(row_cores(&[], 8, 7, 2), (vec![], vec![]));
+        assert_eq!(row_cores(&[3], 1, 7, 4), (vec![3], vec![]));
     }
 
     #[test]
