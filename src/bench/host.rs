@@ -1218,13 +1218,14 @@ const CUHEAP_PAIRS: usize = 2_000_000;
 
 /// The pinned rows of the threads case, `(threads, other cores kept
 /// busy, the turn of the cores)`: one thread alone, eight, and one thread
-/// while seven other cores work, five times each in turn. A lone busy
-/// core may run at a higher clock than eight busy ones (on the H100 80
-/// GB's host a lone thread ran at one of two rates from row to row):
-/// eight threads against the busy rows compare them at the clock eight
-/// working cores get, the median of five rows of each holds where one
-/// row runs at the other rate (a row takes a fraction of a second), and
-/// the busy rows' lone thread takes another of the eight cores each turn.
+/// while seven other cores work, five times each in turn. A lone core
+/// may get more of itself than each of eight working ones (on the H100
+/// 80 GB's host a lone thread ran at one of two rates from row to row;
+/// on an H200's at one of two rates at the same clock): eight threads
+/// against the busy rows compare them beside as many working cores, the
+/// median of five rows of each holds where one row runs at the other
+/// rate (a row takes a fraction of a second), and the busy rows' lone
+/// thread takes another of the eight cores each turn.
 const ONE_AND_EIGHT_PINNED: [(usize, usize, usize); 15] = {
     let mut rows = [(0, 0, 0); 15];
     let mut i = 0;
@@ -1762,12 +1763,15 @@ fn busy_ratios(r: &HostReport) -> Vec<BusyRatios> {
                     one || (x.threads == 8 && x.pinned == Some(8) && x.pinned_cores == 8)
                 })
         };
-        let mut busy: Vec<f64> = rows(true).map(|x| x.pairs_per_s).collect();
-        if busy.is_empty() {
+        if rows(true).next().is_none() {
             continue; // busy rows of more than one thread only
         }
-        let one = super::median(&mut busy);
-        let raw = rows(false).map(|x| x.pairs_per_s / one).collect();
+        // Each row of eight's figure over the median of the busy rows'.
+        let ratios = |of: &dyn Fn(&Throughput) -> f64| -> Vec<f64> {
+            let one = super::median(&mut rows(true).map(of).collect::<Vec<_>>());
+            rows(false).map(|x| of(x) / one).collect()
+        };
+        let raw = ratios(&|x| x.pairs_per_s);
         // Over each row's rate of its core, where every row has it.
         type Probe = (&'static str, fn(&CoreRates) -> f64);
         let probes: [Probe; 2] = [
@@ -1779,9 +1783,7 @@ fn busy_ratios(r: &HostReport) -> Vec<BusyRatios> {
             if !rows(true).chain(rows(false)).all(|x| rate(&x.core) > 0.0) {
                 continue;
             }
-            let per = |x: &Throughput| x.pairs_per_s / rate(&x.core);
-            let one = super::median(&mut rows(true).map(per).collect::<Vec<_>>());
-            per_rate.push((what, rows(false).map(|x| per(x) / one).collect()));
+            per_rate.push((what, ratios(&|x| x.pairs_per_s / rate(&x.core))));
         }
         out.push((t.allocator, raw, per_rate));
     }
