@@ -102,6 +102,12 @@ impl<'a> PageMap<'a> {
     /// `words`: the page map ([`PageMap::words`] long); `summary`: its
     /// summaries, `full` then `used` ([`PageMap::summary_words`] long).
     /// Zeroed, all say every page is free.
+    ///
+    /// A heap builds its views on every call, and the host pool's crate
+    /// inlines them (this and the builders below): a call and a copy of
+    /// the view cost about 40 instructions of a span's allocation there.
+    /// The kernels keep their code as it was.
+    #[cfg_attr(not(target_arch = "nvptx64"), inline)]
     pub fn new(words: &'a [AtomicU32], summary: &'a [AtomicU32]) -> Self {
         let (full, used) = summary.split_at(summary.len() / 2);
         Self {
@@ -132,6 +138,7 @@ impl<'a> PageMap<'a> {
     /// nothing (a kernel's heap does not count activations: see
     /// `COUNTS_ACTIVATIONS` in the heap's allocation path), with no field
     /// for the counters in its views.
+    #[cfg_attr(not(target_arch = "nvptx64"), inline)]
     pub fn counting(self, begun: &'a AtomicU64, given_back: &'a AtomicU64) -> Self {
         #[cfg(not(target_arch = "nvptx64"))]
         return Self {
@@ -192,6 +199,7 @@ impl<'a> PageMap<'a> {
     /// atomics. The count is made with the pages' bits, before the lock
     /// is given back: a release of the pages, in any thread, is counted
     /// after their claim.
+    #[cfg_attr(not(target_arch = "nvptx64"), inline)]
     pub fn tallying(self, counters: &'a Counters, what: Tally) -> Self {
         #[cfg(not(target_arch = "nvptx64"))]
         return Self {
@@ -248,6 +256,7 @@ impl<'a> PageMap<'a> {
 
     /// This view with its heap's index of free runs (see [`RunIndex`]).
     #[cfg(not(target_arch = "nvptx64"))]
+    #[inline]
     pub fn with_runs(self, runs: RunIndex<'a>) -> Self {
         Self {
             runs: Some(runs),
@@ -302,6 +311,7 @@ impl<'a> PageMap<'a> {
     /// thousands of GPU threads claiming and giving back pages at once pay
     /// for keeping it. The heap's owner decides once, before first use: a
     /// summary left unkept would be stale for any view that reads it.
+    #[cfg_attr(not(target_arch = "nvptx64"), inline)]
     pub fn without_used(self) -> Self {
         Self { used: &[], ..self }
     }

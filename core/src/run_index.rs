@@ -87,6 +87,7 @@ impl<'a> RunIndex<'a> {
 
     /// `cells` is [`RunIndex::words`] long. Zeroed, it is the index of a
     /// map with no free page (call [`RunIndex::rebuild`] before use).
+    #[inline]
     pub fn new(cells: &'a [AtomicU32], pages: u32) -> Self {
         let n = pages as usize;
         let (lock, rest) = cells.split_at(1);
@@ -102,6 +103,7 @@ impl<'a> RunIndex<'a> {
     }
 
     /// Pages the index covers (the heap's).
+    #[inline]
     pub fn pages(&self) -> u32 {
         self.pages
     }

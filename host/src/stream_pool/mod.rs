@@ -1089,10 +1089,24 @@ impl<B: Backend> Pool<B> {
         // A block the heap just handed out is always found and not live.
         let broken = || Error::InvalidArgument(format!("pool state broken at {ptr:#x}"));
         let heap = self.heap();
-        let b = heap.block_at(ptr as usize).map_err(|_| broken())?;
+        // A span key's block is a span of the key's pages (spans of one
+        // page are cached under a class key), so only a class key's block
+        // is looked up: the heap may have served it as a one-page span.
+        let (size, span) = match key {
+            Key::Span(_) => {
+                debug_assert!(heap
+                    .block_at(ptr as usize)
+                    .is_ok_and(|b| b.class.is_none() && b.size == key.bytes()));
+                (key.bytes(), true)
+            }
+            Key::Class(_) => {
+                let b = heap.block_at(ptr as usize).map_err(|_| broken())?;
+                (b.size, b.class.is_none())
+            }
+        };
         if how.is_none() {
             // From the heap: after the work of streams that shed it.
-            let (from, to) = self.units_of(ptr, b.size);
+            let (from, to) = self.units_of(ptr, size);
             let ordered =
                 self.guards
                     .order(self.backend(), own.serial, &own.stream, &own.seen, from, to);
@@ -1103,8 +1117,8 @@ impl<B: Backend> Pool<B> {
         }
         let marked = match how {
             // Handed out by the heap just now: no other thread has it.
-            None => self.live.set_fresh(&heap, ptr, b.class.is_none()),
-            Some(_) => self.live.set(&heap, ptr, b.class.is_none()),
+            None => self.live.set_fresh(&heap, ptr, span),
+            Some(_) => self.live.set(&heap, ptr, span),
         };
         if !marked {
             return Err(broken());
