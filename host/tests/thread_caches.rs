@@ -49,6 +49,48 @@ fn a_threads_frees_serve_its_next_allocations_and_the_counters_stay_exact() {
     assert!(pool.stats().peak_in_use <= 256 * 2);
 }
 
+/// Large blocks freed past a thread cache's bound of bytes (each over a
+/// quarter of it) go to the stream's cache: the stream's other threads
+/// take them at once, with no wait, the owner takes back what it kept, and
+/// the counters stay exact (a free is counted once, where it was made).
+#[test]
+fn large_frees_past_a_threads_bound_serve_its_stream_and_stay_counted_once() {
+    let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
+    let s = HostStream::new();
+    let size = 768 * KIB;
+    let blocks: Vec<u64> = (0..6).map(|_| pool.alloc(size, &s).unwrap()).collect();
+    s.enqueue();
+    for &p in &blocks {
+        pool.free(p, &s).unwrap();
+    }
+    let st = pool.stats();
+    assert_eq!((st.allocs, st.frees, st.in_use), (6, 6, 0));
+    assert_eq!((cached_on(&pool, &s), st.retires), (6 * size, 0));
+    let grows = st.grows;
+    // The thread's cache holds two (its bound is 2 MiB): another thread of
+    // the stream gets the other four from the stream's cache.
+    let theirs: Vec<u64> = std::thread::scope(|sc| {
+        sc.spawn(|| (0..4).map(|_| pool.alloc(size, &s).unwrap()).collect())
+            .join()
+            .unwrap()
+    });
+    let mine: Vec<u64> = (0..2).map(|_| pool.alloc(size, &s).unwrap()).collect();
+    let all: HashSet<u64> = theirs.iter().chain(&mine).copied().collect();
+    assert_eq!(all, blocks.iter().copied().collect::<HashSet<u64>>());
+    assert!(s.waits().is_empty(), "the same stream: no wait");
+    let st = pool.stats();
+    assert_eq!((st.allocs, st.same_stream_reuse, st.grows), (12, 6, grows));
+    assert_eq!((st.in_use, cached_on(&pool, &s)), (6 * size, 0));
+    for p in all {
+        pool.free(p, &s).unwrap();
+    }
+    let st = pool.stats();
+    assert_eq!(
+        (st.frees, st.in_use, cached_on(&pool, &s)),
+        (12, 0, 6 * size)
+    );
+}
+
 #[test]
 fn a_double_free_into_a_threads_cache_is_caught() {
     let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
