@@ -49,12 +49,12 @@ fn a_threads_frees_serve_its_next_allocations_and_the_counters_stay_exact() {
     assert!(pool.stats().peak_in_use <= 256 * 2);
 }
 
-/// Large blocks freed past a thread cache's bound of bytes (each over a
-/// quarter of it) go to the stream's cache: the stream's other threads
-/// take them at once, with no wait, the owner takes back what it kept, and
-/// the counters stay exact (a free is counted once, where it was made).
+/// Large blocks freed past a thread cache's bound of bytes spill to the
+/// stream's cache: the stream's other threads take them at once, with no
+/// wait, the owner takes back what it kept, and the counters stay exact (a
+/// free is counted once, where it was made).
 #[test]
-fn large_frees_past_a_threads_bound_serve_its_stream_and_stay_counted_once() {
+fn large_frees_past_a_threads_bound_serve_its_stream_and_are_counted_once() {
     let pool = pool(64 * MIB, 2 * MIB, usize::MAX);
     let s = HostStream::new();
     let size = 768 * KIB;

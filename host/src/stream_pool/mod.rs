@@ -317,17 +317,6 @@ struct Retired<B: Backend> {
     bytes: usize,
 }
 
-/// What a thread's cache did with a block freed into it.
-enum Freed {
-    /// Kept it.
-    Kept,
-    /// Kept it, and let go of these blocks (it was past a bound).
-    Spilled(Vec<(Key, u64)>),
-    /// Counted its free, and left it to the stream's cache: it alone
-    /// took the cache past its bytes' bound.
-    Passed,
-}
-
 static POOL_IDS: AtomicU64 = AtomicU64::new(1);
 
 impl Pool<CudaBackend> {
@@ -1238,43 +1227,24 @@ impl<B: Backend> Pool<B> {
                 let held = m.push(key, ptr);
                 self.count_local(m, FREES, -(key.bytes() as i64));
                 match held > LOCAL_PER_KEY || m.bytes > self.local_limit {
-                    true => self.spill_local(m, key),
-                    false => Freed::Kept,
+                    true => Some(self.spill_local(m, key)),
+                    false => None,
                 }
             }),
             false => Reach::Busy,
         };
         match kept {
-            Reach::Done(Freed::Kept) => Ok(()),
+            Reach::Done(None) => Ok(()),
             kept => self.free_past_local(ptr, key, stream, kept),
         }
     }
 
     /// The blocks a thread's cache past a bound lets go of (it just took
-    /// one of `key`), for its stream's cache: half of `key`'s past
-    /// [`LOCAL_PER_KEY`], the largest past its bytes' bound; or, if only
-    /// the bytes' bound is passed and the block is a large one (over a
-    /// quarter of the bound, at most half of it: a cache that holds two of
-    /// them), that block alone, which the cache is under its bound
-    /// without. Frees of mixed sizes up to a megabyte passed the bound
-    /// every second or third call, and each spill sorted the cache's sizes
-    /// and built a list to move (a fifth of a free's instructions).
+    /// one of `key`): half of `key`'s past [`LOCAL_PER_KEY`], the largest
+    /// past its bytes' bound, for its stream's cache.
     #[cold]
     #[inline(never)]
-    fn spill_local(&self, m: &mut Cache<()>, key: Key) -> Freed {
-        let bytes = key.bytes();
-        if m.len(key) <= LOCAL_PER_KEY
-            && bytes > self.local_limit / 4
-            && bytes <= self.local_limit / 2
-            && m.bytes - bytes <= self.local_limit
-        {
-            // The block just pushed is its list's last.
-            let p = m.pop(key);
-            debug_assert!(p.is_some());
-            // Blocks leave uncounted: see `FOLD_BYTES`.
-            self.fold(&mut m.net);
-            return Freed::Passed;
-        }
+    fn spill_local(&self, m: &mut Cache<()>, key: Key) -> Vec<(Key, u64)> {
         let mut out = Vec::new();
         if m.len(key) > LOCAL_PER_KEY {
             m.take_each(key, LOCAL_PER_KEY / 2, |k, p| out.push((k, p)));
@@ -1284,31 +1254,33 @@ impl<B: Backend> Pool<B> {
         }
         // Blocks leave uncounted: see `FOLD_BYTES`.
         self.fold(&mut m.net);
-        Freed::Spilled(out)
+        out
     }
 
     /// [`Pool::free`] past the thread's cache: the blocks its cache let go
-    /// of (`kept` is `Done(Spilled(_))`: the block freed is there) go to
-    /// the stream's cache; else the block does (and with `Absent` the
-    /// thread gets a cache of the stream).
+    /// of (`kept` is `Done(Some(_))`: the block freed is there) go to the
+    /// stream's cache; else the block does (and with `Absent` the thread
+    /// gets a cache of the stream).
     #[inline(never)]
     fn free_past_local(
         &self,
         ptr: u64,
         key: Key,
         stream: &B::Stream,
-        kept: Reach<Freed>,
+        kept: Reach<Option<Vec<(Key, u64)>>>,
     ) -> Result<()> {
         let absent = match kept {
-            Reach::Done(Freed::Kept) => return Ok(()),
-            Reach::Done(Freed::Spilled(spilled)) => {
+            Reach::Done(spilled) => {
+                let spilled = spilled.unwrap_or_default();
                 if !spilled.is_empty() {
-                    self.spill_to_stream(stream, spilled);
+                    self.to_stream_cache(stream, |own, c| {
+                        own.moves.fetch_add(1, Ordering::Release);
+                        for (k, p) in spilled {
+                            c.push(k, p);
+                        }
+                        self.report(c);
+                    });
                 }
-                return Ok(());
-            }
-            Reach::Done(Freed::Passed) => {
-                self.spill_to_stream(stream, [(key, ptr)]);
                 return Ok(());
             }
             Reach::Busy => false,
@@ -1322,18 +1294,6 @@ impl<B: Backend> Pool<B> {
             install(self.id, &self.cache(stream));
         }
         Ok(())
-    }
-
-    /// Puts blocks a thread's cache of `stream` let go of into the
-    /// stream's cache, uncounted (the thread's cache counted their frees).
-    fn spill_to_stream(&self, stream: &B::Stream, blocks: impl IntoIterator<Item = (Key, u64)>) {
-        self.to_stream_cache(stream, |own, c| {
-            own.moves.fetch_add(1, Ordering::Release);
-            for (k, p) in blocks {
-                c.push(k, p);
-            }
-            self.report(c);
-        });
     }
 
     /// Puts blocks freed on `stream` into its cache (`put`, which counts
