@@ -44,7 +44,7 @@ pub mod sync;
 pub mod word;
 
 pub use heap::{
-    AllocError, BlockInfo, FreeError, FreeOutcome, Grant, Heap, HeapHandle, Placement,
+    AllocError, BlockInfo, FreeError, FreeOutcome, FreedAll, Grant, Heap, HeapHandle, Placement,
     ReallocError, Resize, Run,
 };
 pub use layout::Layout;

@@ -98,7 +98,7 @@ impl<W: Word> Drop for OwnedHeap<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heap::{AllocError, FreeError, ReallocError, Resize};
+    use crate::heap::{AllocError, FreeError, Placement, ReallocError, Resize, SPAN_BATCH};
     use crate::size_class::{class_of, class_size, CLASS_SIZES, MAX_ALIGN, MAX_CLASS_SIZE};
     use std::vec::Vec;
 
@@ -512,6 +512,62 @@ mod tests {
         // Size 0 and too large are failures, but no shortfall growth could fix.
         assert_eq!((s.failed_allocs, s.failed_bytes, s.bad_frees), (3, 0, 4));
         heap.check_invariants().unwrap();
+    }
+
+    /// `free_all` frees what `free` would, one pointer at a time, with
+    /// spans given back in batches: more spans than a batch holds, class
+    /// blocks between them, and bad pointers (null, a span twice, an
+    /// interior address, a foreign one) refused and counted; the heap
+    /// keeps its invariants and loses no page, indexed (best fit, as a
+    /// host pool's) or not.
+    #[test]
+    fn free_all_frees_each_block_once_and_refuses_the_rest() {
+        for indexed in [false, true] {
+            let h = match indexed {
+                true => OwnedHeap::<u64>::indexed(512, 2).unwrap(),
+                false => OwnedHeap::<u64>::new(512, 2).unwrap(),
+            };
+            let heap = h.heap();
+            if indexed {
+                heap.set_placement(Placement::BEST_FIT_SPANS | Placement::CLASS_PAGES_LOW);
+            }
+            let mut ptrs = Vec::new();
+            for i in 0..3 * SPAN_BATCH + 5 {
+                // Spans of two or three pages, and a class block each
+                // fourth time.
+                let size = MAX_CLASS_SIZE + 1 + (i % 2) * PAGE_SIZE;
+                ptrs.push(heap.alloc(size, 0).unwrap());
+                if i % 4 == 0 {
+                    ptrs.push(heap.alloc(48 + i, 1).unwrap());
+                }
+            }
+            let blocks = ptrs.len() as u32;
+            // Every other one first, then the rest: freed spans sit next
+            // to live ones and to each other.
+            let mut order: Vec<*mut u8> = ptrs.iter().copied().step_by(2).collect();
+            order.extend(ptrs.iter().copied().skip(1).step_by(2));
+            let mut x = 0u8;
+            let bad = [
+                core::ptr::null_mut(),
+                ptrs[0],
+                ptrs[3].wrapping_add(PAGE_SIZE),
+                &mut x as *mut u8,
+            ];
+            order.splice(40..40, bad);
+            let out = heap.free_all(order, 1);
+            assert_eq!((out.freed, out.refused), (blocks, 3), "indexed: {indexed}");
+            let s = heap.stats();
+            assert!(s.is_empty(), "blocks left: {s:?}");
+            assert_eq!(s.bad_frees, 3);
+            assert_eq!(heap.counts().frees, blocks as u64);
+            heap.check_invariants().unwrap();
+            // No page lost: the class pages' blocks are free, so after a
+            // scavenge the whole heap is one span.
+            heap.scavenge();
+            let all = heap.alloc(512 * PAGE_SIZE, 0).unwrap();
+            heap.free(all, 0).unwrap();
+            heap.check_invariants().unwrap();
+        }
     }
 
     #[test]

@@ -704,23 +704,46 @@ impl<'a> PageMap<'a> {
             return;
         }
         if let Some(r) = self.runs() {
-            r.locked(|| {
-                self.change_bits_locked(start, len, false);
-                self.tally(len, false);
-                // Merge with the free runs on either side.
-                let (mut from, mut end) = (start, start + len);
-                if from > 0 && !self.is_set(from - 1) {
-                    from = r.start_of(from - 1);
-                    r.remove(from);
-                }
-                if end < r.pages() && !self.is_set(end) {
-                    end += r.remove(end);
-                }
-                r.insert(from, end - from);
-            });
+            r.locked(|| self.release_locked(r, start, len));
             return;
         }
         self.clear_bits(start, len);
+    }
+
+    /// [`PageMap::release_run`] for each of `runs` (first page, pages),
+    /// on an indexed map under one hold of the lock: each run is released
+    /// (and counted) apart, as if by its own call.
+    pub fn release_runs(&self, runs: &[(u32, u32)]) {
+        if let Some(r) = self.runs() {
+            r.locked(|| {
+                for &(start, len) in runs {
+                    if len > 0 {
+                        self.release_locked(r, start, len);
+                    }
+                }
+            });
+            return;
+        }
+        for &(start, len) in runs {
+            self.release_run(start, len);
+        }
+    }
+
+    /// Marks pages `start..start + len` (`len >= 1`) free and indexes
+    /// them, merged with the free runs on either side (under the index's
+    /// lock).
+    fn release_locked(&self, r: &RunIndex<'_>, start: u32, len: u32) {
+        self.change_bits_locked(start, len, false);
+        self.tally(len, false);
+        let (mut from, mut end) = (start, start + len);
+        if from > 0 && !self.is_set(from - 1) {
+            from = r.start_of(from - 1);
+            r.remove(from);
+        }
+        if end < r.pages() && !self.is_set(end) {
+            end += r.remove(end);
+        }
+        r.insert(from, end - from);
     }
 
     /// Clears the bits of pages `start..start + len` (in use before).

@@ -36,6 +36,13 @@ enum Action {
     Free {
         pick: usize,
     },
+    /// Up to `count` live blocks through one `free_all`, with the first
+    /// again (`twice`) and a foreign and a null pointer among them.
+    FreeAll {
+        pick: usize,
+        count: usize,
+        twice: bool,
+    },
     FreeInterior {
         pick: usize,
     },
@@ -73,6 +80,8 @@ fn action() -> impl Strategy<Value = Action> {
         1 => any::<usize>().prop_map(|pick| Action::ReallocInterior { pick }),
         1 => Just(Action::ReallocFreed),
         4 => any::<usize>().prop_map(|pick| Action::Free { pick }),
+        2 => (any::<usize>(), 1usize..6, any::<bool>())
+            .prop_map(|(pick, count, twice)| Action::FreeAll { pick, count, twice }),
         1 => any::<usize>().prop_map(|pick| Action::FreeInterior { pick }),
         1 => Just(Action::DoubleFree),
         1 => Just(Action::FreeForeign),
@@ -328,6 +337,30 @@ fn run_slotted<W: Word>(pages: u32, slots: u32, placement: u64, actions: Vec<Act
                 heap.free(at as *mut u8, 0).unwrap();
                 frees += 1;
                 freed_once = Some(at);
+            }
+            Action::FreeAll { pick, count, twice } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let mut ptrs = Vec::new();
+                for k in 0..count.min(live.len()) {
+                    let at = *live.keys().nth((pick + k * 7) % live.len()).unwrap();
+                    let (len, tag) = live.remove(&at).unwrap();
+                    assert!(holds(at, len, tag), "block contents changed");
+                    ptrs.push(at as *mut u8);
+                }
+                let (n, first) = (ptrs.len() as u32, ptrs[0]);
+                let mut x = 0u64;
+                ptrs.insert(ptrs.len() / 2, std::ptr::null_mut());
+                ptrs.push(&mut x as *mut u64 as *mut u8);
+                if twice {
+                    ptrs.push(first);
+                }
+                let out = heap.free_all(ptrs, 0);
+                let refused = 1 + twice as u32;
+                assert_eq!((out.freed, out.refused), (n, refused), "step {step}");
+                frees += n as u64;
+                bad += refused as u64;
             }
             Action::FreeInterior { pick } => {
                 if live.is_empty() {

@@ -77,14 +77,31 @@ fn stress_placed(
                             Err(_) => _ = refused.fetch_add(1, Ordering::Relaxed),
                         }
                     } else {
-                        let (p, n) = live.swap_remove((r >> 16) as usize % live.len());
-                        // SAFETY: p is live and holds n bytes this thread wrote.
-                        let bytes = unsafe { std::slice::from_raw_parts(p, n) };
-                        assert!(
-                            bytes.iter().all(|&b| b == id),
-                            "block overwritten by another thread"
-                        );
-                        heap.free(p, slot_of(t, r).1).unwrap();
+                        // One block, or now and then up to eight at once
+                        // (`free_all`, spans given back in a batch).
+                        let many = (r >> 32).is_multiple_of(8);
+                        let count = match many {
+                            true => 1 + (r >> 36) as usize % 8.min(live.len()),
+                            false => 1,
+                        };
+                        let mut batch = Vec::with_capacity(count);
+                        for k in 0..count {
+                            let (p, n) = live.swap_remove((r >> (16 + k)) as usize % live.len());
+                            // SAFETY: p is live and holds n bytes this thread wrote.
+                            let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+                            assert!(
+                                bytes.iter().all(|&b| b == id),
+                                "block overwritten by another thread"
+                            );
+                            batch.push(p);
+                        }
+                        match many {
+                            true => {
+                                let out = heap.free_all(batch, slot_of(t, r).1);
+                                assert_eq!((out.freed, out.refused), (count as u32, 0));
+                            }
+                            false => _ = heap.free(batch[0], slot_of(t, r).1).unwrap(),
+                        }
                     }
                 }
                 for (p, _) in live {

@@ -65,14 +65,20 @@ fn one_round(pool: &Pool<HostBackend>, s: &HostStream, sizes: &[usize], round: u
     let ta = times.iter().sum::<f64>() / times.len() as f64;
     times.sort_by(f64::total_cmp);
     let p50 = times[times.len() / 2];
-    let t = Instant::now();
+    let mut frees: Vec<f64> = Vec::with_capacity(sizes.len());
     for p in live {
+        let t = Instant::now();
         pool.free(p, s).expect("free");
+        frees.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let tf = t.elapsed().as_secs_f64() * 1e6 / sizes.len() as f64;
+    let tf = frees.iter().sum::<f64>() / frees.len() as f64;
+    frees.sort_by(f64::total_cmp);
+    let pct = |q: f64| frees[((frees.len() - 1) as f64 * q) as usize];
+    let (f50, f99, f999) = (pct(0.5), pct(0.99), pct(0.999));
     let (st, c) = (pool.stats(), pool.backend().counts());
     println!(
-        "round {round}: alloc {ta:.3} us (p50 {p50:.3}), free {tf:.3} us per call; so far {} grows, \
+        "round {round}: alloc {ta:.3} us (p50 {p50:.3}), free {tf:.3} us per call (p50 {f50:.3}, \
+         p99 {f99:.3}, p99.9 {f999:.3}); so far {} grows, \
          {} retires; device calls: {} event records, {} stream waits, {} event queries, \
          {} host waits for events",
         st.grows, st.retires, c.records, c.waits, c.queries, c.event_syncs

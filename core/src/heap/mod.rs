@@ -40,9 +40,10 @@ mod span;
 #[cfg(host_std)]
 pub use alloc::without_transit_wait;
 pub use alloc::{Grant, Run};
-pub use free::{BlockInfo, FreeOutcome, Located};
+pub use free::{BlockInfo, FreeOutcome, FreedAll, Located};
 pub use grow::{GrowHost, GROW_TIMEOUT_NS};
 pub use realloc::{copy_block, Resize};
+pub use span::SPAN_BATCH;
 
 use core::marker::PhantomData;
 

@@ -747,10 +747,7 @@ impl<B: Backend> Pool<B> {
                     self.guards.stamp(from, to, gen, whole);
                 }
                 self.guards.before_frees();
-                let slot = thread_slot();
-                for p in blocks {
-                    let _ = heap.free(p as usize as *mut u8, slot);
-                }
+                heap.free_all(blocks.iter().map(|&p| p as usize as *mut u8), thread_slot());
                 if sc.released.load(Ordering::Acquire) {
                     // Forgotten meanwhile: the guard must not outlive it
                     // as a live one.
@@ -854,12 +851,11 @@ impl<B: Backend> Pool<B> {
                 }
             }
         }
-        let heap = self.heap();
+        let blocks = done.iter().flat_map(|r| &r.blocks);
+        self.heap()
+            .free_all(blocks.map(|&p| p as usize as *mut u8), thread_slot());
         let mut bytes = 0;
         for r in done {
-            for p in r.blocks {
-                let _ = heap.free(p as usize as *mut u8, thread_slot());
-            }
             r.events.into_iter().for_each(|e| self.events.put(e));
             bytes += r.bytes;
         }
@@ -1751,9 +1747,8 @@ impl<B: Backend> Pool<B> {
     fn fresh_for_graph(&self, size: usize, slot: u32) -> Result<u64> {
         let heap = self.heap();
         for sc in self.all_caches() {
-            for p in self.take_cached(&sc) {
-                let _ = heap.free(p as usize as *mut u8, slot);
-            }
+            let blocks = self.take_cached(&sc);
+            heap.free_all(blocks.iter().map(|&p| p as usize as *mut u8), slot);
         }
         heap.scavenge();
         self.heap_then_grow(size, slot)
@@ -1798,10 +1793,8 @@ impl<B: Backend> Pool<B> {
             self.report(&mut c);
             return Err(e);
         }
-        let heap = self.heap();
-        for p in blocks {
-            let _ = heap.free(p as usize as *mut u8, thread_slot());
-        }
+        self.heap()
+            .free_all(blocks.iter().map(|&p| p as usize as *mut u8), thread_slot());
         self.bump(FLUSHES);
         Ok(())
     }
