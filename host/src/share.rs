@@ -13,7 +13,7 @@
 //! space, where kernels read and write it as the exporter's kernels do.
 //!
 //! The driver maps shared memory only whole, so the importer can reach
-//! the whole of each mapping under the block (a pool maps 32 MiB chunks
+//! the whole of each mapping under the block (a pool maps 2 MiB chunks
 //! by default), as with `cudaIpcGetMemHandle`. The exporter keeps the
 //! block allocated while the importer uses it: the pool does not know of
 //! other processes, and a freed block is reused (so is trimmed memory of

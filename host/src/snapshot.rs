@@ -616,16 +616,18 @@ pub fn replay<B: Backend>(
     let mut sizes: HashMap<u64, usize> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         match e.action {
+            // Saturating: a trace's sizes are anyone's (the replay below
+            // fails on a size the pool cannot serve, with its error).
             Action::Allocate => {
                 if let Some(old) = sizes.insert(e.ptr, e.size) {
-                    requested -= old;
+                    requested = requested.saturating_sub(old);
                 }
-                requested += e.size;
+                requested = requested.saturating_add(e.size);
                 if requested > peak {
                     (peak, at_peak) = (requested, i);
                 }
             }
-            Action::Free => requested -= sizes.remove(&e.ptr).unwrap_or(0),
+            Action::Free => requested = requested.saturating_sub(sizes.remove(&e.ptr).unwrap_or(0)),
             Action::AllocateFailure => {}
         }
     }

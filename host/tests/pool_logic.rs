@@ -744,6 +744,35 @@ fn dropped_streams_are_forgotten_and_their_blocks_reused() {
     assert_eq!(pool.trim(0).unwrap(), 2 * MIB);
 }
 
+/// A program that drops streams and then keeps to the streams it has
+/// (no new stream, the pool never short) gets the dropped ones' caches
+/// back at its next trim: the pool lets go of them there too.
+#[test]
+fn a_trim_forgets_dropped_streams() {
+    let pool = pool(256 * MIB, 2 * MIB, usize::MAX);
+    let keep = HostStream::new();
+    let q = pool.alloc(4096, &keep).unwrap();
+    for _ in 0..16 {
+        let s = HostStream::new();
+        let p = pool.alloc(MIB, &s).unwrap();
+        pool.free(p, &s).unwrap();
+    }
+    // The last stream was seen before the sweep of a new stream: it is
+    // still tracked, and more with it whichever came last.
+    assert!(pool.stats().cached_per_stream.len() >= 2);
+    pool.trim(usize::MAX).unwrap();
+    let st = pool.stats();
+    assert_eq!(
+        st.cached_per_stream.iter().map(|c| c.0).collect::<Vec<_>>(),
+        vec![<HostBackend as cuheap_host::backend::Backend>::stream_id(
+            &keep
+        )],
+        "only the stream still held"
+    );
+    assert_eq!((st.allocs, st.frees), (17, 16), "counters kept");
+    pool.free(q, &keep).unwrap();
+}
+
 /// A stream's cache holds at most its bound: past it, the largest blocks
 /// go back to the heap behind the stream's guard. The same stream reuses
 /// their memory at once, in another size; another stream gets it only
@@ -825,9 +854,9 @@ fn a_buffer_used_on_another_stream_waits_for_both() {
     for finished_first in [false, true] {
         let mut buf = DeviceBuffer::<u8, _>::new(&pool, 2 * MIB, &own).unwrap();
         let ptr = buf.ptr();
-        buf.record_stream(&other);
-        buf.record_stream(&other); // once is enough
-        buf.record_stream(&own); // its own stream is always waited for
+        buf.record_stream(&other).unwrap();
+        buf.record_stream(&other).unwrap(); // once is enough
+        buf.record_stream(&own).unwrap(); // its own stream is always waited for
         other.enqueue();
         other.hold(); // a kernel on the other stream still reads it
         let work = other.enqueue();
@@ -848,6 +877,57 @@ fn a_buffer_used_on_another_stream_waits_for_both() {
         pool.free(p, &third).unwrap();
         pool.trim(0).unwrap();
     }
+}
+
+/// On a pool with `capture_check`, a buffer dropped while a stream it
+/// recorded is being captured is not freed into the capture (no event is
+/// recorded on the capturing stream): it stays in use until a later call
+/// finds the capture over, then waits for both streams as any recorded
+/// buffer does. On a graph's pool, `record_stream` of another stream is
+/// refused.
+#[test]
+fn a_recorded_buffer_dropped_during_a_capture_is_freed_after_it() {
+    let cfg = PoolConfig {
+        initial: 4 * MIB,
+        chunk: 2 * MIB,
+        capture_check: true,
+        ..PoolConfig::new(64 * MIB)
+    };
+    let pool = Arc::new(Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap());
+    let (own, other) = (HostStream::new(), HostStream::new());
+    let mut buf = DeviceBuffer::<u8, _>::new(&pool, MIB, &own).unwrap();
+    let ptr = buf.ptr();
+    buf.record_stream(&other).unwrap();
+    other.begin_capture();
+    let records = pool.backend().counts().records;
+    drop(buf);
+    assert_eq!(
+        pool.backend().counts().records,
+        records,
+        "nothing recorded into the capture"
+    );
+    assert_eq!(pool.size_of(ptr).unwrap(), MIB, "still in use");
+    // Still capturing: a reclaim leaves it.
+    pool.trim(usize::MAX).unwrap();
+    assert!(pool.size_of(ptr).is_ok(), "freed during the capture");
+    other.end_capture();
+    pool.trim(usize::MAX).unwrap();
+    assert!(pool.size_of(ptr).is_err(), "not freed after the capture");
+    assert!(
+        pool.backend().counts().records >= records + 2,
+        "an event on each stream"
+    );
+    assert_eq!(pool.stats().bad_frees, 0);
+    // A foreign pointer is refused at once, capture or not.
+    other.begin_capture();
+    assert!(pool.free_after_capture(0x1234, &[&own, &other]).is_err());
+    other.end_capture();
+    // A graph's pool serves one stream.
+    let gp = Arc::new(graph_pool());
+    let mut b = DeviceBuffer::<u8, _>::new(&gp, 4096, &own).unwrap();
+    b.record_stream(&own).unwrap();
+    let e = b.record_stream(&other).unwrap_err();
+    assert!(e.to_string().contains("graph's pool"), "{e}");
 }
 
 /// A stream dropped while its work still runs: its cached block goes back
@@ -1103,6 +1183,15 @@ fn trim_waits_for_the_work_of_shed_blocks() {
     );
 }
 
+/// A graph's pool of 1 GiB with 8 MiB mapped up front.
+fn graph_pool() -> Pool<HostBackend> {
+    Pool::with_backend(
+        HostBackend::new(2 * MIB, usize::MAX),
+        PoolConfig::for_graph(1 << 30, 8 * MIB),
+    )
+    .unwrap()
+}
+
 /// What a captured stream may see: a pool made with
 /// `PoolConfig::for_graph`, used from one stream, records, waits for and
 /// queries no event and never waits on the host, while blocks freed
@@ -1165,11 +1254,7 @@ fn a_graph_pool_on_one_stream_touches_no_event() {
         "an ordinary pool's bounded cache sheds behind events"
     );
     // Sealed once captured: no more allocations, frees still work.
-    let pool = Pool::with_backend(
-        HostBackend::new(2 * MIB, usize::MAX),
-        PoolConfig::for_graph(1 << 30, 8 * MIB),
-    )
-    .unwrap();
+    let pool = graph_pool();
     let s = HostStream::new();
     let p = pool.alloc(4096, &s).unwrap();
     pool.seal().unwrap();
@@ -1213,6 +1298,41 @@ fn a_graph_pool_on_one_stream_touches_no_event() {
         loose.backend().counts().records,
         before,
         "nothing shed behind an event"
+    );
+}
+
+/// A graph's pool that served a capture seals itself once the capture
+/// has ended, at its first call that finds the stream no longer
+/// capturing, with no call to `seal`: what it would hand out next, the
+/// graph's replays use. Frees still work. A graph's pool that never saw a
+/// capture is not sealed by it.
+#[test]
+fn a_graph_pool_seals_itself_when_its_capture_ends() {
+    let gp = graph_pool();
+    let s = HostStream::new();
+    let before = gp.alloc(4096, &s).unwrap();
+    gp.free(before, &s).unwrap();
+    s.begin_capture();
+    let a = gp.alloc(4096, &s).unwrap();
+    let b = gp.alloc(MIB, &s).unwrap();
+    gp.free(a, &s).unwrap();
+    s.end_capture();
+    let e = gp.alloc(4096, &s).unwrap_err();
+    assert!(e.to_string().contains("sealed"), "{e}");
+    // The freed block of the capture was not handed out again either.
+    let e = gp.alloc(MIB, &s).unwrap_err();
+    assert!(e.to_string().contains("sealed"), "{e}");
+    gp.free(b, &s).unwrap();
+    assert_eq!(gp.stats().in_use, 0);
+    // Frees after the end seal it as well.
+    let gp = graph_pool();
+    s.begin_capture();
+    let a = gp.alloc(4096, &s).unwrap();
+    s.end_capture();
+    gp.free(a, &s).unwrap();
+    assert!(
+        gp.alloc(4096, &s).is_err(),
+        "sealed by the free after the capture"
     );
 }
 

@@ -123,6 +123,27 @@ fn bad_exports_and_imports_are_refused() {
         other => panic!("{:?}", other.map(|e| e.len())),
     }
     pool.free(p, &s).unwrap();
+    // A backend that could share, in a pool not made shareable (whose
+    // free memory may move): refused too.
+    let unpinned = Pool::with_backend(
+        HostBackend::new(2 * MIB, 1 << 30),
+        PoolConfig {
+            shareable: false,
+            ..config()
+        },
+    )
+    .unwrap();
+    let p = unpinned.alloc(MIB, &s).unwrap();
+    for e in [
+        unpinned.export_block(p).err(),
+        unpinned.export_mapped().err(),
+    ] {
+        assert!(
+            matches!(&e, Some(Error::InvalidArgument(m)) if m.contains("shareable: true")),
+            "{e:?}"
+        );
+    }
+    unpinned.free(p, &s).unwrap();
 
     // Pointers that are not live blocks.
     let pool = Pool::with_backend(HostBackend::new(2 * MIB, 1 << 30), config()).unwrap();

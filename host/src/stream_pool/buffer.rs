@@ -113,12 +113,26 @@ impl<T, B: Backend> DeviceBuffer<T, B> {
     /// `Tensor.record_stream`): when the buffer is dropped, its memory
     /// goes back to the pool only once the device has finished the work
     /// enqueued by then on its own stream and on every recorded one. The
-    /// host never waits for it.
-    pub fn record_stream(&mut self, stream: &B::Stream) {
+    /// host never waits for it. Where one of them is being captured into
+    /// a graph at the drop, on a pool with
+    /// [`PoolConfig::capture_check`](super::PoolConfig::capture_check),
+    /// the free waits for the capture to end
+    /// ([`Pool::free_after_capture`]). A graph's pool serves one stream:
+    /// another is an [`Error::InvalidArgument`] (its free would record an
+    /// event into the capture).
+    pub fn record_stream(&mut self, stream: &B::Stream) -> Result<()> {
         let id = B::stream_id(stream);
-        if id != B::stream_id(&self.stream) && !self.uses.iter().any(|s| B::stream_id(s) == id) {
-            self.uses.push(stream.clone());
+        if id == B::stream_id(&self.stream) || self.uses.iter().any(|s| B::stream_id(s) == id) {
+            return Ok(());
         }
+        if self.pool.is_graph_pool() {
+            return Err(Error::InvalidArgument(format!(
+                "record_stream of stream {id:#x} on a buffer of a graph's pool, which serves one \
+                 stream: order the other stream's work before the free in the graph instead"
+            )));
+        }
+        self.uses.push(stream.clone());
+        Ok(())
     }
 }
 
@@ -130,7 +144,7 @@ impl<T, B: Backend> Drop for DeviceBuffer<T, B> {
         } else {
             let streams: Vec<&B::Stream> =
                 std::iter::once(&self.stream).chain(&self.uses).collect();
-            let _ = self.pool.free_after(self.ptr, &streams);
+            let _ = self.pool.free_after_capture(self.ptr, &streams);
         }
     }
 }

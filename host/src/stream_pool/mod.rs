@@ -190,9 +190,11 @@ impl PoolConfig {
     /// replays reuse them. A block freed during the capture serves later
     /// allocations of the capture with no event: the pool records, waits
     /// for and queries no event and never waits on the host, which a
-    /// capture forbids. [`Pool::seal`] it when the capture ends: its
-    /// memory then serves no one else, so no replay's memory is handed
-    /// out while the graph lives; drop the pool once the graph is
+    /// capture forbids. [`Pool::seal`] it when the capture ends (a pool
+    /// that served a capture also seals itself at its first call that
+    /// finds the stream no longer capturing): its memory then serves no
+    /// one else, so no replay's memory is handed out while the graph
+    /// lives; drop the pool once the graph is
     /// destroyed (after its last replay, as for any memory) and the
     /// memory goes back to the device (or to the bank of its
     /// [`Reservation`]). Map what the graph needs up front (`initial`):
@@ -266,6 +268,9 @@ pub struct Pool<B: Backend = CudaBackend> {
     forgotten_counts: Mutex<[u64; 4]>,
     /// Blocks waiting for their streams before they go back to the heap.
     retired: Mutex<Vec<Retired<B>>>,
+    /// Frees after several streams that wait for a capture on one of them
+    /// to end ([`Pool::free_after_capture`]): block, streams.
+    deferred: Mutex<Vec<(u64, Vec<B::Stream>)>>,
     /// What streams shed went to the heap at once; others wait for it.
     guards: Guards<B>,
     /// Bytes of the blocks in `retired`.
@@ -283,6 +288,9 @@ pub struct Pool<B: Backend = CudaBackend> {
     shareable: bool,
     /// A graph's pool after [`Pool::seal`]: it allocates no more.
     sealed: std::sync::atomic::AtomicBool,
+    /// A graph's pool has served its stream during a capture: the first
+    /// call that finds the stream no longer capturing seals it.
+    captured: std::sync::atomic::AtomicBool,
     /// The one stream a graph's pool serves (the first it saw).
     graph_stream: std::sync::OnceLock<usize>,
     /// Neither a graph's pool nor one with [`PoolConfig::capture_check`]:
@@ -423,6 +431,7 @@ impl<B: Backend> Pool<B> {
             hole_pages: AtomicU64::new(0),
             forgotten_counts: Mutex::new([0; 4]),
             retired: Mutex::new(Vec::new()),
+            deferred: Mutex::new(Vec::new()),
             guards: Guards::new(pages as usize),
             retired_bytes: Own(AtomicUsize::new(0)),
             cached_bytes: Own(AtomicUsize::new(0)),
@@ -442,6 +451,7 @@ impl<B: Backend> Pool<B> {
             plain: !cfg.graph && !cfg.capture_check,
             graph_stream: std::sync::OnceLock::new(),
             sealed: std::sync::atomic::AtomicBool::new(false),
+            captured: std::sync::atomic::AtomicBool::new(false),
             release_threshold: cfg.release_threshold,
             folded: Own(AtomicI64::new(0)),
             peak: Own(AtomicUsize::new(0)),
@@ -525,6 +535,11 @@ impl<B: Backend> Pool<B> {
         self.region.peers()
     }
 
+    /// Whether this is a graph's pool ([`PoolConfig::for_graph`]).
+    pub fn is_graph_pool(&self) -> bool {
+        self.graph
+    }
+
     /// Ends a graph's pool's allocations once its graph is captured
     /// ([`PoolConfig::for_graph`]): every later [`Pool::alloc`] and
     /// [`Pool::trim`] that would unmap is an error, so the memory the
@@ -573,7 +588,9 @@ impl<B: Backend> Pool<B> {
     }
 
     fn export(&self, at: u64, len: usize) -> Result<Exported<B>> {
-        if !self.backend().shares() {
+        // `shareable` also keeps the memory from moving (a shareable
+        // backend alone does not): an importer's offsets stay right.
+        if !self.shareable || !self.backend().shares() {
             return Err(Error::InvalidArgument(
                 "this pool's memory cannot go to another process: create it with \
                  PoolConfig { shareable: true, .. } (CUHEAP_POOL_SHAREABLE in C)"
@@ -827,6 +844,7 @@ impl<B: Backend> Pool<B> {
     /// (with `wait`, waits on the host for every one first). Returns the
     /// bytes freed.
     fn reclaim(&self, wait: bool) -> Result<usize> {
+        self.free_deferred();
         let backend = self.backend();
         let mut done = Vec::new();
         let mut failed = None;
@@ -1331,6 +1349,63 @@ impl<B: Backend> Pool<B> {
     /// among them), checked without a host wait. Freeing 0 does nothing;
     /// other pointers are checked as by [`Pool::free`].
     pub fn free_after(&self, ptr: u64, streams: &[&B::Stream]) -> Result<()> {
+        self.free_deferred();
+        self.free_after_now(ptr, streams)
+    }
+
+    /// [`Pool::free_after`], except that on a pool with
+    /// [`PoolConfig::capture_check`] a free after a stream being captured
+    /// into a graph (which such a pool refuses: it would record an event
+    /// into the capture) waits until none of `streams` is capturing, as
+    /// PyTorch's allocator defers a recorded stream's events past a
+    /// capture: the block stays in use until a later `free_after`, a
+    /// reclaim (the pool short of memory) or a [`Pool::trim`] finds the
+    /// capture over, then goes as `free_after` frees it. What
+    /// [`DeviceBuffer`]'s drop calls.
+    pub fn free_after_capture(&self, ptr: u64, streams: &[&B::Stream]) -> Result<()> {
+        if self.plain || self.graph || ptr == 0 {
+            return self.free_after(ptr, streams);
+        }
+        for s in streams {
+            if self.backend().is_capturing(s)? {
+                // Checked now, as the free would be: a foreign or freed
+                // pointer is its error at once, not later.
+                self.size_of(ptr)?;
+                let streams = streams.iter().map(|&s| s.clone()).collect();
+                self.deferred
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((ptr, streams));
+                return Ok(());
+            }
+        }
+        self.free_after(ptr, streams)
+    }
+
+    /// Frees the deferred frees ([`Pool::free_after_capture`]) whose
+    /// streams are no longer capturing.
+    fn free_deferred(&self) {
+        let ready: Vec<(u64, Vec<B::Stream>)> = {
+            let mut d = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+            if d.is_empty() {
+                return;
+            }
+            let backend = self.backend();
+            let (ready, wait) = std::mem::take(&mut *d).into_iter().partition(|(_, ss)| {
+                ss.iter()
+                    .all(|s| matches!(backend.is_capturing(s), Ok(false)))
+            });
+            *d = wait;
+            ready
+        };
+        for (ptr, streams) in ready {
+            let streams: Vec<&B::Stream> = streams.iter().collect();
+            let _ = self.free_after_now(ptr, &streams);
+        }
+    }
+
+    /// [`Pool::free_after`] with no deferred frees first.
+    fn free_after_now(&self, ptr: u64, streams: &[&B::Stream]) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
@@ -1365,12 +1440,14 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Bytes of the block at `ptr` (its class or span size, at least what
-    /// was asked for).
+    /// was asked for). A pointer that is not a live block's start (freed, cached,
+    /// interior, foreign) is an error.
     pub fn size_of(&self, ptr: u64) -> Result<usize> {
-        match self.heap().block_at(ptr as usize) {
-            Ok(b) => Ok(b.size),
-            Err(_) => Err(Error::InvalidArgument(format!(
-                "{ptr:#x} is not a block of this pool"
+        let heap = self.heap();
+        match heap.block_at(ptr as usize) {
+            Ok(b) if self.live.is_set(&heap, ptr, b.class.is_none()) => Ok(b.size),
+            _ => Err(Error::InvalidArgument(format!(
+                "{ptr:#x} is not a live block of this pool"
             ))),
         }
     }
@@ -1397,6 +1474,13 @@ impl<B: Backend> Pool<B> {
                 return Err(Error::InvalidArgument(format!(
                     "a graph's pool serves one stream (the capture's, {pinned:#x}), not {id:#x}"
                 )));
+            }
+            // A capture that ended seals the pool even if no one called
+            // `seal`: what it would hand out next, the graph's replays use.
+            if self.backend().is_capturing(stream)? {
+                self.captured.store(true, Ordering::Relaxed);
+            } else if self.captured.load(Ordering::Relaxed) {
+                self.sealed.store(true, Ordering::Relaxed);
             }
         } else if self.backend().is_capturing(stream)? {
             return Err(Error::InvalidArgument(format!(
@@ -1833,8 +1917,10 @@ impl<B: Backend> Pool<B> {
         Ok(())
     }
 
-    /// Waits for every stream, returns all caches to the heap and unmaps
-    /// physical memory from the end, a mapping at a time, until at most
+    /// Waits for every stream, lets go of the streams no one else holds
+    /// any more, frees what waited for a capture to end
+    /// ([`Pool::free_after_capture`]), returns all caches to the heap and
+    /// unmaps physical memory from the end, a mapping at a time, until at most
     /// `keep` bytes stay mapped (at least the first mapping). Memory in
     /// use is never unmapped: each mapping is first fenced in the page
     /// map, which fails if any of its pages is in use, so no allocation
@@ -1862,6 +1948,9 @@ impl<B: Backend> Pool<B> {
                     .into(),
             ));
         }
+        // Streams dropped since the pool last looked go first, with
+        // their caches.
+        self.sweep();
         self.flush_all()?;
         self.reclaim(true)?;
         let heap = self.heap();
