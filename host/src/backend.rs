@@ -144,6 +144,11 @@ pub trait Backend: Send + Sync + 'static {
     /// enqueued on it is recorded, not run).
     fn is_capturing(&self, stream: &Self::Stream) -> Result<bool>;
 
+    /// The capture `stream` is in now, if any: an id no other capture
+    /// of the process has (so a new capture on the same stream has
+    /// another).
+    fn capture_id(&self, stream: &Self::Stream) -> Result<Option<u64>>;
+
     /// Bytes of device memory free now (for error messages).
     fn free_memory(&self) -> usize;
 

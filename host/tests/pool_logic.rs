@@ -906,18 +906,27 @@ fn a_recorded_buffer_dropped_during_a_capture_is_freed_after_it() {
         records,
         "nothing recorded into the capture"
     );
-    assert_eq!(pool.size_of(ptr).unwrap(), MIB, "still in use");
+    // Freed as far as the caller goes, held by the pool meanwhile.
+    assert!(pool.size_of(ptr).is_err());
+    assert!(
+        pool.free_after_capture(ptr, &[&own, &other]).is_err(),
+        "a second free"
+    );
+    assert_eq!(pool.stats().bad_frees, 1);
+    assert_eq!(pool.stats().in_use, MIB, "still held");
+    let q = pool.alloc(MIB, &own).unwrap();
+    assert_ne!(q, ptr, "handed out during the capture");
     // Still capturing: a reclaim leaves it.
     pool.trim(usize::MAX).unwrap();
-    assert!(pool.size_of(ptr).is_ok(), "freed during the capture");
+    assert_eq!(pool.stats().in_use, 2 * MIB, "freed during the capture");
     other.end_capture();
     pool.trim(usize::MAX).unwrap();
-    assert!(pool.size_of(ptr).is_err(), "not freed after the capture");
+    assert_eq!(pool.stats().in_use, MIB, "not freed after the capture");
     assert!(
         pool.backend().counts().records >= records + 2,
         "an event on each stream"
     );
-    assert_eq!(pool.stats().bad_frees, 0);
+    pool.free(q, &own).unwrap();
     // A foreign pointer is refused at once, capture or not.
     other.begin_capture();
     assert!(pool.free_after_capture(0x1234, &[&own, &other]).is_err());
@@ -1302,9 +1311,10 @@ fn a_graph_pool_on_one_stream_touches_no_event() {
 }
 
 /// A graph's pool that served a capture seals itself once the capture
-/// has ended, at its first call that finds the stream no longer
-/// capturing, with no call to `seal`: what it would hand out next, the
-/// graph's replays use. Frees still work. A graph's pool that never saw a
+/// has ended, at its first call that finds the stream no longer in it
+/// (not capturing, or in a second capture), with no call to `seal`: what
+/// it would hand out next, the graph's replays use. Frees still work, and
+/// a trim refuses as for a sealed pool. A graph's pool that never saw a
 /// capture is not sealed by it.
 #[test]
 fn a_graph_pool_seals_itself_when_its_capture_ends() {
@@ -1334,6 +1344,27 @@ fn a_graph_pool_seals_itself_when_its_capture_ends() {
         gp.alloc(4096, &s).is_err(),
         "sealed by the free after the capture"
     );
+    // A second capture with no call between the two: the first one's
+    // blocks are not handed to it.
+    let gp = graph_pool();
+    s.begin_capture();
+    let a = gp.alloc(MIB, &s).unwrap();
+    gp.free(a, &s).unwrap();
+    s.end_capture();
+    s.begin_capture();
+    let e = gp.alloc(MIB, &s).unwrap_err();
+    assert!(e.to_string().contains("sealed"), "{e}");
+    s.end_capture();
+    // A trim after the capture, before any other call, unmaps nothing
+    // its replays use.
+    let gp = graph_pool();
+    s.begin_capture();
+    let a = gp.alloc(MIB, &s).unwrap();
+    gp.free(a, &s).unwrap();
+    s.end_capture();
+    let mapped = gp.stats().reserved;
+    assert!(gp.trim(0).is_err());
+    assert_eq!(gp.stats().reserved, mapped);
 }
 
 /// A pool with `capture_check` refuses a stream that is being captured

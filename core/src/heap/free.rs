@@ -47,7 +47,9 @@ impl<W: Word> Heap<'_, W> {
     /// [`SPAN_BATCH`] at a time: each span's head unmarked as it comes,
     /// then the batch's descriptors, then all its pages under one hold of
     /// the index's lock (on an indexed heap). For a caller that returns
-    /// many blocks at once, as a pool that empties a cache.
+    /// many blocks at once, as a pool that empties a cache. An iterator
+    /// that panics leaves the spans of the batch under way unmarked and
+    /// not given back (lost to the heap until it is rebuilt).
     pub fn free_all(&self, ptrs: impl IntoIterator<Item = *mut u8>, slot: u32) -> FreedAll {
         let mut out = FreedAll::default();
         let mut spans = [(0u32, 0u32); SPAN_BATCH];

@@ -125,9 +125,9 @@ struct StreamState {
     /// the stream: work still runs after its stream is dropped.
     done: Arc<AtomicU64>,
     waits: Mutex<Vec<Recorded>>,
-    /// Set between [`HostStream::begin_capture`] and
-    /// [`HostStream::end_capture`].
-    capturing: std::sync::atomic::AtomicBool,
+    /// The capture's id between [`HostStream::begin_capture`] and
+    /// [`HostStream::end_capture`]; 0 outside.
+    capture: AtomicU64,
 }
 
 /// What an event recorded: `work` items of stream `stream`.
@@ -153,7 +153,7 @@ impl HostStream {
             work: AtomicU64::new(0),
             done: Arc::new(AtomicU64::new(u64::MAX)),
             waits: Mutex::new(Vec::new()),
-            capturing: std::sync::atomic::AtomicBool::new(false),
+            capture: AtomicU64::new(0),
         }))
     }
 
@@ -175,11 +175,13 @@ impl HostStream {
     /// From now on the stream counts as captured into a graph
     /// ([`Backend::is_capturing`]), until [`HostStream::end_capture`].
     pub fn begin_capture(&self) {
-        self.0.capturing.store(true, Ordering::Relaxed);
+        static CAPTURES: AtomicU64 = AtomicU64::new(1);
+        let id = CAPTURES.fetch_add(1, Ordering::Relaxed);
+        self.0.capture.store(id, Ordering::Relaxed);
     }
 
     pub fn end_capture(&self) {
-        self.0.capturing.store(false, Ordering::Relaxed);
+        self.0.capture.store(0, Ordering::Relaxed);
     }
 
     /// Enqueues one item of work (a kernel, say); returns how many items
@@ -598,7 +600,11 @@ impl Backend for HostBackend {
     }
 
     fn is_capturing(&self, stream: &HostStream) -> Result<bool> {
-        Ok(stream.0.capturing.load(Ordering::Relaxed))
+        Ok(self.capture_id(stream)?.is_some())
+    }
+
+    fn capture_id(&self, stream: &HostStream) -> Result<Option<u64>> {
+        Ok(Some(stream.0.capture.load(Ordering::Relaxed)).filter(|&id| id != 0))
     }
 
     fn free_memory(&self) -> usize {

@@ -351,6 +351,33 @@ impl Backend for CudaBackend {
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
+    /// As [`CudaBackend::is_capturing`], with the capture's id
+    /// (`cuStreamGetCaptureInfo`; the optional outputs not asked for).
+    fn capture_id(&self, stream: &Arc<CudaStream>) -> Result<Option<u64>> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: sys::cuuint64_t = 0;
+        use std::ptr::null_mut;
+        // SAFETY: out-parameters, the optional ones null; a live stream
+        // of this context.
+        let ask = |status: &mut _, id: &mut _| unsafe {
+            sys::cuStreamGetCaptureInfo_v2(
+                stream.cu_stream(),
+                status,
+                id,
+                null_mut(),
+                null_mut(),
+                null_mut(),
+            )
+        };
+        let mut r = ask(&mut status, &mut id);
+        if r == sys::CUresult::CUDA_ERROR_INVALID_CONTEXT {
+            self.bind()?;
+            r = ask(&mut status, &mut id);
+        }
+        r.result().during("cuStreamGetCaptureInfo")?;
+        Ok((status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id))
+    }
+
     fn free_memory(&self) -> usize {
         before_bind();
         self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0)

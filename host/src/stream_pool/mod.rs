@@ -192,9 +192,9 @@ impl PoolConfig {
     /// for and queries no event and never waits on the host, which a
     /// capture forbids. [`Pool::seal`] it when the capture ends (a pool
     /// that served a capture also seals itself at its first call that
-    /// finds the stream no longer capturing): its memory then serves no
-    /// one else, so no replay's memory is handed out while the graph
-    /// lives; drop the pool once the graph is
+    /// finds the stream no longer in that capture, and refuses to trim):
+    /// its memory then serves no one else, so no replay's memory is
+    /// handed out while the graph lives; drop the pool once the graph is
     /// destroyed (after its last replay, as for any memory) and the
     /// memory goes back to the device (or to the bank of its
     /// [`Reservation`]). Map what the graph needs up front (`initial`):
@@ -211,6 +211,10 @@ impl PoolConfig {
         }
     }
 }
+
+/// A free after several streams that waits for a capture on one of them
+/// to end: the block (its live bit cleared), its key, the streams.
+type Deferred<B> = (u64, Key, Vec<<B as Backend>::Stream>);
 
 /// Host metadata of the backing heap (zeroed, 128-byte aligned).
 struct HostMeta {
@@ -269,8 +273,8 @@ pub struct Pool<B: Backend = CudaBackend> {
     /// Blocks waiting for their streams before they go back to the heap.
     retired: Mutex<Vec<Retired<B>>>,
     /// Frees after several streams that wait for a capture on one of them
-    /// to end ([`Pool::free_after_capture`]): block, streams.
-    deferred: Mutex<Vec<(u64, Vec<B::Stream>)>>,
+    /// to end ([`Pool::free_after_capture`]).
+    deferred: Mutex<Vec<Deferred<B>>>,
     /// What streams shed went to the heap at once; others wait for it.
     guards: Guards<B>,
     /// Bytes of the blocks in `retired`.
@@ -288,9 +292,10 @@ pub struct Pool<B: Backend = CudaBackend> {
     shareable: bool,
     /// A graph's pool after [`Pool::seal`]: it allocates no more.
     sealed: std::sync::atomic::AtomicBool,
-    /// A graph's pool has served its stream during a capture: the first
-    /// call that finds the stream no longer capturing seals it.
-    captured: std::sync::atomic::AtomicBool,
+    /// The capture a graph's pool served (its id; 0 before): the first
+    /// call that finds the stream no longer in it (not capturing, or in
+    /// another capture) seals the pool, and trim refuses from then on.
+    capture: AtomicU64,
     /// The one stream a graph's pool serves (the first it saw).
     graph_stream: std::sync::OnceLock<usize>,
     /// Neither a graph's pool nor one with [`PoolConfig::capture_check`]:
@@ -451,7 +456,7 @@ impl<B: Backend> Pool<B> {
             plain: !cfg.graph && !cfg.capture_check,
             graph_stream: std::sync::OnceLock::new(),
             sealed: std::sync::atomic::AtomicBool::new(false),
-            captured: std::sync::atomic::AtomicBool::new(false),
+            capture: AtomicU64::new(0),
             release_threshold: cfg.release_threshold,
             folded: Own(AtomicI64::new(0)),
             peak: Own(AtomicUsize::new(0)),
@@ -1358,9 +1363,13 @@ impl<B: Backend> Pool<B> {
     /// into a graph (which such a pool refuses: it would record an event
     /// into the capture) waits until none of `streams` is capturing, as
     /// PyTorch's allocator defers a recorded stream's events past a
-    /// capture: the block stays in use until a later `free_after`, a
-    /// reclaim (the pool short of memory) or a [`Pool::trim`] finds the
-    /// capture over, then goes as `free_after` frees it. What
+    /// capture: the block is freed at once as far as the caller goes (a
+    /// second free is refused) but stays held until a later
+    /// `free_after`, a reclaim (the pool short of memory) or a
+    /// [`Pool::trim`] finds the capture over, then goes as `free_after`
+    /// frees it. Its events then cover the streams' work up to that
+    /// point, not a graph's replays: memory a captured graph uses must
+    /// live as long as the graph, as with any allocator. What
     /// [`DeviceBuffer`]'s drop calls.
     pub fn free_after_capture(&self, ptr: u64, streams: &[&B::Stream]) -> Result<()> {
         if self.plain || self.graph || ptr == 0 {
@@ -1368,14 +1377,15 @@ impl<B: Backend> Pool<B> {
         }
         for s in streams {
             if self.backend().is_capturing(s)? {
-                // Checked now, as the free would be: a foreign or freed
-                // pointer is its error at once, not later.
-                self.size_of(ptr)?;
+                // Freed now as far as the caller goes: a foreign or freed
+                // pointer is its error at once, and a second free of this
+                // one is refused.
+                let key = self.release_live(ptr)?;
                 let streams = streams.iter().map(|&s| s.clone()).collect();
                 self.deferred
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .push((ptr, streams));
+                    .push((ptr, key, streams));
                 return Ok(());
             }
         }
@@ -1385,22 +1395,29 @@ impl<B: Backend> Pool<B> {
     /// Frees the deferred frees ([`Pool::free_after_capture`]) whose
     /// streams are no longer capturing.
     fn free_deferred(&self) {
-        let ready: Vec<(u64, Vec<B::Stream>)> = {
+        let waiting = {
             let mut d = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
             if d.is_empty() {
                 return;
             }
-            let backend = self.backend();
-            let (ready, wait) = std::mem::take(&mut *d).into_iter().partition(|(_, ss)| {
-                ss.iter()
-                    .all(|s| matches!(backend.is_capturing(s), Ok(false)))
-            });
-            *d = wait;
-            ready
+            std::mem::take(&mut *d)
         };
-        for (ptr, streams) in ready {
+        let backend = self.backend();
+        let (ready, wait): (Vec<_>, Vec<_>) = waiting.into_iter().partition(|(_, _, ss)| {
+            ss.iter()
+                .all(|s| matches!(backend.is_capturing(s), Ok(false)))
+        });
+        if !wait.is_empty() {
+            self.deferred
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(wait);
+        }
+        for (ptr, key, streams) in ready {
             let streams: Vec<&B::Stream> = streams.iter().collect();
-            let _ = self.free_after_now(ptr, &streams);
+            // An error here is the device's (no event, no host wait): the
+            // block is then never reused, as in `free_after`.
+            let _ = self.free_released_after(ptr, key, &streams);
         }
     }
 
@@ -1409,11 +1426,11 @@ impl<B: Backend> Pool<B> {
         if ptr == 0 {
             return Ok(());
         }
-        let Some((first, _)) = streams.split_first() else {
+        if streams.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "free of {ptr:#x} after no stream"
             )));
-        };
+        }
         if self.graph {
             return Err(Error::InvalidArgument(
                 "free_after in a graph's pool: it would record an event; free on its stream".into(),
@@ -1423,7 +1440,13 @@ impl<B: Backend> Pool<B> {
             self.check_stream(s)?;
         }
         let key = self.release_live(ptr)?;
-        let own = self.cache(first);
+        self.free_released_after(ptr, key, streams)
+    }
+
+    /// The rest of [`Pool::free_after_now`] once `ptr`'s live bit is
+    /// cleared (`key` its key; `streams` not empty).
+    fn free_released_after(&self, ptr: u64, key: Key, streams: &[&B::Stream]) -> Result<()> {
+        let own = self.cache(streams[0]);
         let mut c = own.lock();
         self.account_call(&own, &mut c, FREES, -(key.bytes() as i64));
         drop(c);
@@ -1476,10 +1499,18 @@ impl<B: Backend> Pool<B> {
                 )));
             }
             // A capture that ended seals the pool even if no one called
-            // `seal`: what it would hand out next, the graph's replays use.
-            if self.backend().is_capturing(stream)? {
-                self.captured.store(true, Ordering::Relaxed);
-            } else if self.captured.load(Ordering::Relaxed) {
+            // `seal`: what it would hand out next, the graph's replays use
+            // (and so would a second capture's kernels).
+            let now = self.backend().capture_id(stream)?.unwrap_or(0);
+            let served =
+                match self
+                    .capture
+                    .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => now,
+                    Err(first) => first,
+                };
+            if served != 0 && served != now {
                 self.sealed.store(true, Ordering::Relaxed);
             }
         } else if self.backend().is_capturing(stream)? {
@@ -1937,6 +1968,11 @@ impl<B: Backend> Pool<B> {
     /// must stay mapped while the graph lives (drop the pool after the
     /// graph instead).
     pub fn trim(&self, keep: usize) -> Result<usize> {
+        if self.graph && self.capture.load(Ordering::Relaxed) != 0 {
+            // Its capture's blocks are the graph's, freed or not, even if
+            // no call has sealed it since the capture ended.
+            self.sealed.store(true, Ordering::Relaxed);
+        }
         if self.graph && self.sealed.load(Ordering::Relaxed) {
             let mapped = self.region.mapped();
             if keep >= mapped {
