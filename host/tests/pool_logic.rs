@@ -1356,15 +1356,26 @@ fn a_graph_pool_seals_itself_when_its_capture_ends() {
     assert!(e.to_string().contains("sealed"), "{e}");
     s.end_capture();
     // A trim after the capture, before any other call, unmaps nothing
-    // its replays use.
+    // its replays use: here 32 MiB past the 8 mapped up front, freed
+    // during the capture. During the capture too, and the capture goes
+    // on.
     let gp = graph_pool();
     s.begin_capture();
-    let a = gp.alloc(MIB, &s).unwrap();
+    let a = gp.alloc(32 * MIB, &s).unwrap();
     gp.free(a, &s).unwrap();
-    s.end_capture();
     let mapped = gp.stats().reserved;
+    assert!(mapped > 8 * MIB, "grew");
+    assert!(gp.trim(0).is_err());
+    let b = gp.alloc(4096, &s).unwrap();
+    gp.free(b, &s).unwrap();
+    s.end_capture();
     assert!(gp.trim(0).is_err());
     assert_eq!(gp.stats().reserved, mapped);
+    // A graph's pool that never served a capture trims.
+    let gp = graph_pool();
+    let a = gp.alloc(32 * MIB, &s).unwrap();
+    gp.free(a, &s).unwrap();
+    assert!(gp.trim(0).unwrap() < 8 * MIB, "unmapped");
 }
 
 /// A pool with `capture_check` refuses a stream that is being captured

@@ -375,6 +375,11 @@ impl Backend for CudaBackend {
             r = ask(&mut status, &mut id);
         }
         r.result().during("cuStreamGetCaptureInfo")?;
+        // The pool takes 0 for "no capture".
+        debug_assert!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE || id != 0,
+            "a capture with id 0"
+        );
         Ok((status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id))
     }
 

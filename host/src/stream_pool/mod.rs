@@ -1968,12 +1968,12 @@ impl<B: Backend> Pool<B> {
     /// must stay mapped while the graph lives (drop the pool after the
     /// graph instead).
     pub fn trim(&self, keep: usize) -> Result<usize> {
-        if self.graph && self.capture.load(Ordering::Relaxed) != 0 {
-            // Its capture's blocks are the graph's, freed or not, even if
-            // no call has sealed it since the capture ended.
-            self.sealed.store(true, Ordering::Relaxed);
-        }
-        if self.graph && self.sealed.load(Ordering::Relaxed) {
+        // A pool that served a capture refuses as a sealed one: its
+        // capture's blocks are the graph's, freed or not, even if no call
+        // has sealed it since the capture ended (and while it runs).
+        if self.graph
+            && (self.sealed.load(Ordering::Relaxed) || self.capture.load(Ordering::Relaxed) != 0)
+        {
             let mapped = self.region.mapped();
             if keep >= mapped {
                 return Ok(mapped); // nothing to unmap
