@@ -58,6 +58,22 @@ fn prop(device: i32) -> sys::CUmemAllocationProp {
 }
 
 impl CudaBackend {
+    /// Makes driver call `what` with no context bound first: a thread
+    /// with no current context (a framework's worker thread before its
+    /// first runtime call) gets the pool's bound and the call made again.
+    fn call_unbound(
+        &self,
+        what: &'static str,
+        mut call: impl FnMut() -> sys::CUresult,
+    ) -> Result<()> {
+        let mut r = call();
+        if r == sys::CUresult::CUDA_ERROR_INVALID_CONTEXT {
+            self.bind()?;
+            r = call();
+        }
+        r.result().during(what)
+    }
+
     pub fn new(ctx: &Arc<CudaContext>) -> CudaBackend {
         CudaBackend {
             ctx: ctx.clone(),
@@ -335,46 +351,35 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// One driver call, with no context bound first: a thread with no
-    /// current context (a framework's worker thread before its first
-    /// runtime call) gets the pool's bound and the call made again.
+    /// One driver call, with no context bound first (see
+    /// [`CudaBackend::call_unbound`]).
     fn is_capturing(&self, stream: &Arc<CudaStream>) -> Result<bool> {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: out-parameter; a live stream of this context.
-        let ask = |status: &mut _| unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), status) };
-        let mut r = ask(&mut status);
-        if r == sys::CUresult::CUDA_ERROR_INVALID_CONTEXT {
-            self.bind()?;
-            r = ask(&mut status);
-        }
-        r.result().during("cuStreamIsCapturing")?;
+        self.call_unbound("cuStreamIsCapturing", || unsafe {
+            sys::cuStreamIsCapturing(stream.cu_stream(), &mut status)
+        })?;
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
     /// As [`CudaBackend::is_capturing`], with the capture's id
     /// (`cuStreamGetCaptureInfo`; the optional outputs not asked for).
     fn capture_id(&self, stream: &Arc<CudaStream>) -> Result<Option<u64>> {
+        use std::ptr::null_mut;
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut id: sys::cuuint64_t = 0;
-        use std::ptr::null_mut;
         // SAFETY: out-parameters, the optional ones null; a live stream
         // of this context.
-        let ask = |status: &mut _, id: &mut _| unsafe {
+        self.call_unbound("cuStreamGetCaptureInfo", || unsafe {
             sys::cuStreamGetCaptureInfo_v2(
                 stream.cu_stream(),
-                status,
-                id,
+                &mut status,
+                &mut id,
                 null_mut(),
                 null_mut(),
                 null_mut(),
             )
-        };
-        let mut r = ask(&mut status, &mut id);
-        if r == sys::CUresult::CUDA_ERROR_INVALID_CONTEXT {
-            self.bind()?;
-            r = ask(&mut status, &mut id);
-        }
-        r.result().during("cuStreamGetCaptureInfo")?;
+        })?;
         // The pool takes 0 for "no capture".
         debug_assert!(
             status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE || id != 0,

@@ -1463,8 +1463,8 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Bytes of the block at `ptr` (its class or span size, at least what
-    /// was asked for). A pointer that is not a live block's start (freed, cached,
-    /// interior, foreign) is an error.
+    /// was asked for). A pointer that is not a live block's start
+    /// (freed, cached, interior, foreign) is an error.
     pub fn size_of(&self, ptr: u64) -> Result<usize> {
         let heap = self.heap();
         match heap.block_at(ptr as usize) {
