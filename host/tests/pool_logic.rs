@@ -3,6 +3,7 @@
 //! waits recorded. No GPU needed.
 
 use cuheap_host::backend::host_memory::{Recorded, POISON};
+use cuheap_host::snapshot::{Holder, PageRun};
 use cuheap_host::trace::Action;
 use cuheap_host::{
     read_trace, DeviceBuffer, Error, HostBackend, HostStream, Logged, Pool, PoolConfig, Resource,
@@ -708,6 +709,107 @@ fn the_cache_bound_holds_while_the_heap_serves_a_stream() {
     }
 }
 
+/// A stream's cached bytes as the pool reports them.
+fn cached_on(pool: &Pool<HostBackend>, s: &HostStream) -> usize {
+    (pool.stats().cached_per_stream.iter())
+        .find(|c| c.0 == s.id())
+        .map_or(0, |c| c.1)
+}
+
+/// `n` blocks of 2 MiB (past the threads' caches: every call reaches the
+/// stream's cache) allocated and freed on `s`, then pairs of one block
+/// allocated and freed until `s`'s cache has seen `calls` calls.
+fn cache_on(pool: &Pool<HostBackend>, s: &HostStream, n: usize, calls: usize) {
+    let blocks: Vec<u64> = (0..n).map(|_| pool.alloc(2 * MIB, s).unwrap()).collect();
+    for p in blocks {
+        pool.free(p, s).unwrap();
+    }
+    for _ in 0..calls.saturating_sub(2 * n) / 2 {
+        let p = pool.alloc(2 * MIB, s).unwrap();
+        pool.free(p, s).unwrap();
+    }
+}
+
+/// A stream that stops making calls, whose cache is well under every
+/// bound, still gives its blocks back to the heap while another stream
+/// works: the working stream's cache looks at the idle one now and then
+/// and halves it each time. Streams that both work keep their caches.
+/// On a pool that checks capture, a stream being captured is passed
+/// over (shedding it would record an event into the capture).
+#[test]
+fn an_idle_streams_cache_goes_back_to_the_heap() {
+    for capture_check in [false, true] {
+        let cfg = PoolConfig {
+            initial: 64 * MIB,
+            chunk: 2 * MIB,
+            capture_check,
+            ..PoolConfig::new(256 * MIB)
+        };
+        let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+        let (a, b) = (HostStream::new(), HostStream::new());
+        cache_on(&pool, &a, 8, 64);
+        assert_eq!(cached_on(&pool, &a), 16 * MIB);
+        // Both at work: neither sheds.
+        let retires = pool.stats().retires;
+        for _ in 0..64 * 16 {
+            for s in [&a, &b] {
+                let p = pool.alloc(2 * MIB, s).unwrap();
+                pool.free(p, s).unwrap();
+            }
+        }
+        let st = pool.stats();
+        assert_eq!(st.retires, retires, "a shed while both worked: {st:?}");
+        assert_eq!(cached_on(&pool, &a), 16 * MIB);
+        // `a` idle, and being captured: passed over where capture is
+        // checked.
+        if capture_check {
+            a.begin_capture();
+            let records = pool.backend().counts().records;
+            cache_on(&pool, &b, 1, 64 * 16);
+            assert_eq!(cached_on(&pool, &a), 16 * MIB, "shed during a capture");
+            assert_eq!(pool.backend().counts().records, records);
+            a.end_capture();
+        }
+        // `a` idle: its cache goes, `b` keeps its own.
+        let mapped = pool.stats().reserved;
+        cache_on(&pool, &b, 1, 64 * 16);
+        assert_eq!(cached_on(&pool, &a), 0, "capture_check {capture_check}");
+        assert_eq!(cached_on(&pool, &b), 2 * MIB);
+        // Back in the heap, for `b` (with no growth).
+        let blocks: Vec<u64> = (0..16).map(|_| pool.alloc(2 * MIB, &b).unwrap()).collect();
+        assert_eq!(pool.stats().reserved, mapped);
+        for p in blocks {
+            pool.free(p, &b).unwrap();
+        }
+    }
+}
+
+/// The bound on all caches together holds with the streams that filled
+/// them idle: a stream that finds the total past the bound sheds half of
+/// its own cache, then half of each other's until the total is back
+/// under, not only its own.
+#[test]
+fn the_bound_on_all_caches_holds_over_idle_streams() {
+    let cfg = PoolConfig {
+        initial: 64 * MIB,
+        chunk: 2 * MIB,
+        cache_limit: 16 * MIB,
+        ..PoolConfig::new(256 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let streams: Vec<HostStream> = (0..4).map(|_| HostStream::new()).collect();
+    for s in &streams {
+        // 12 MiB each, reported at the 64th call.
+        cache_on(&pool, s, 6, 64);
+        let st = pool.stats();
+        assert!(
+            st.cached() <= 16 * MIB,
+            "{} MiB cached over a bound of 16: {st:?}",
+            st.cached() / MIB
+        );
+    }
+}
+
 /// Streams that only the pool still holds are let go without
 /// `release_stream`: their caches are retired (their blocks reused once
 /// their work is done) and their counters kept.
@@ -912,16 +1014,41 @@ fn a_recorded_buffer_dropped_during_a_capture_is_freed_after_it() {
         pool.free_after_capture(ptr, &[&own, &other]).is_err(),
         "a second free"
     );
-    assert_eq!(pool.stats().bad_frees, 1);
-    assert_eq!(pool.stats().in_use, MIB, "still held");
+    let st = pool.stats();
+    assert_eq!(st.bad_frees, 1);
+    // Out of use, and held as returning: the snapshot says the same.
+    assert_eq!((st.in_use, st.retired), (0, MIB), "{st:?}");
+    let snap = pool.snapshot();
+    assert_eq!((snap.in_use, snap.retired), (0, MIB));
+    let (live, held, _) = snap.page_bytes();
+    assert_eq!(live, 0, "pages of live blocks");
+    assert!(held >= MIB, "{held} bytes of pages held");
+    assert!(
+        snap.pages.iter().any(|r| matches!(
+            *r,
+            PageRun::Span { offset, holder: Holder::Returning, .. }
+                if snap.base + offset as u64 == ptr
+        )),
+        "the block drawn as returning"
+    );
     let q = pool.alloc(MIB, &own).unwrap();
     assert_ne!(q, ptr, "handed out during the capture");
     // Still capturing: a reclaim leaves it.
     pool.trim(usize::MAX).unwrap();
-    assert_eq!(pool.stats().in_use, 2 * MIB, "freed during the capture");
+    let st = pool.stats();
+    assert_eq!(
+        (st.in_use, st.retired),
+        (MIB, MIB),
+        "freed during the capture"
+    );
     other.end_capture();
     pool.trim(usize::MAX).unwrap();
-    assert_eq!(pool.stats().in_use, MIB, "not freed after the capture");
+    let st = pool.stats();
+    assert_eq!(
+        (st.in_use, st.retired),
+        (MIB, 0),
+        "not freed after the capture"
+    );
     assert!(
         pool.backend().counts().records >= records + 2,
         "an event on each stream"

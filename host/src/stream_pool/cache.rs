@@ -118,6 +118,9 @@ pub(super) struct Cache<E> {
     /// `bytes` as last added to the pool's count of cached bytes.
     pub(super) reported: usize,
     pub(super) counts: [u64; 4],
+    /// A call reached this cache since the pool last looked at it for
+    /// idleness ([`super::Pool::visit_idle`]).
+    pub(super) touched: bool,
 }
 
 impl<E> Default for Cache<E> {
@@ -133,6 +136,7 @@ impl<E> Default for Cache<E> {
             net: 0,
             reported: 0,
             counts: [0; 4],
+            touched: false,
         }
     }
 }
@@ -446,6 +450,19 @@ impl<B: Backend> StreamCache<B> {
             cache: self.cache.lock().unwrap_or_else(|p| p.into_inner()),
             nonempty: &self.nonempty,
         }
+    }
+
+    /// The cache, unless another thread holds its lock now.
+    pub(super) fn try_lock(&self) -> Option<Locked<'_, B::Event>> {
+        let cache = match self.cache.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(Locked {
+            cache,
+            nonempty: &self.nonempty,
+        })
     }
 
     /// Whether the cache may hold a block of `key`, as of the last time

@@ -101,6 +101,9 @@ const FOLD_BYTES: i64 = 2 << 20;
 fn fold_now(net: i64, bytes: i64) -> bool {
     net.unsigned_abs() > FOLD_BYTES.max(2 * bytes.abs()) as u64
 }
+/// An idle stream's cache ([`Pool::visit_others`]) sheds half of its
+/// blocks at each look, and all of them under this many bytes.
+const IDLE_FLOOR: usize = 1 << 20;
 /// [`Pool::keep_headroom`] sheds a stream's cache when fewer than one page
 /// in `HEADROOM` is free.
 const HEADROOM: u32 = 16;
@@ -713,6 +716,7 @@ impl<B: Backend> Pool<B> {
     fn account(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>, which: usize, bytes: i64) {
         c.counts[which] += 1;
         c.net += bytes;
+        c.touched = true;
         if (c.counts[ALLOCS] + c.counts[FREES]).is_multiple_of(FOLD_EVERY) {
             self.fold(&mut c.net);
             self.report_and_bound(sc, c);
@@ -722,11 +726,76 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Reports `sc`'s cached bytes (its lock is `c`) and, with all caches
-    /// together past their bound, retires half of `sc`'s.
+    /// together past their bound, sheds half of `sc`'s; then looks at
+    /// other streams' caches ([`Pool::visit_others`]).
     fn report_and_bound(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>) {
         self.report(c);
         if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
             self.shed(sc, c, c.bytes / 2);
+        }
+        if !self.graph {
+            let turn = (c.counts[ALLOCS] + c.counts[FREES]) / FOLD_EVERY + sc.serial;
+            self.visit_others(sc.id, turn as usize);
+        }
+    }
+
+    /// What a stream's cache does for the others every [`FOLD_EVERY`]
+    /// calls that reach it (`turn` counts them), so that the bound on all
+    /// caches holds and idle streams' caches go back to the heap even
+    /// when the streams that hold them make no call:
+    /// - with all caches together still past their bound, each other
+    ///   cache sheds half of its blocks, until the total is back under;
+    /// - else it looks at one other cache, the next in its turn: one that
+    ///   no call reached since the last look sheds half of its blocks
+    ///   (all of them under [`IDLE_FLOOR`]), so an idle stream's cache
+    ///   halves at each look. With every stream looking in its turn, a
+    ///   cache is looked at about once per [`FOLD_EVERY`] calls of an
+    ///   average stream: a stream that makes fewer calls than that keeps
+    ///   little.
+    ///
+    /// Each other cache's lock is only tried, never waited for (the
+    /// caller holds its own), and a stream being captured is passed over
+    /// on a pool that checks capture (its shed would record an event
+    /// into the capture).
+    fn visit_others(&self, own: usize, turn: usize) {
+        let over = || self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit;
+        let visit = |other: &StreamCache<B>, idle_only: bool| {
+            if !self.plain && !matches!(self.backend().is_capturing(&other.stream), Ok(false)) {
+                return;
+            }
+            let Some(mut c) = other.try_lock() else {
+                return;
+            };
+            if idle_only && std::mem::take(&mut c.touched) {
+                return;
+            }
+            if c.bytes > 0 {
+                let keep = if c.bytes > IDLE_FLOOR { c.bytes / 2 } else { 0 };
+                self.shed(other, &mut c, keep);
+            }
+        };
+        if over() {
+            for other in self.all_caches().iter().filter(|o| o.id != own) {
+                if !over() {
+                    break;
+                }
+                visit(other, false);
+            }
+            return;
+        }
+        let next = {
+            let caches = self.caches.read().unwrap_or_else(|p| p.into_inner());
+            match caches.len() {
+                0 | 1 => return,
+                n => caches
+                    .values()
+                    .nth(turn % n)
+                    .filter(|o| o.id != own)
+                    .cloned(),
+            }
+        };
+        if let Some(other) = next {
+            visit(&other, true);
         }
     }
 
@@ -1364,32 +1433,43 @@ impl<B: Backend> Pool<B> {
     /// into the capture) waits until none of `streams` is capturing, as
     /// PyTorch's allocator defers a recorded stream's events past a
     /// capture: the block is freed at once as far as the caller goes (a
-    /// second free is refused) but stays held until a later
-    /// `free_after`, a reclaim (the pool short of memory) or a
+    /// second free is refused, and [`PoolStats::in_use`] no longer counts
+    /// it) but stays held, counted in [`PoolStats::retired`], until a
+    /// later `free_after`, a reclaim (the pool short of memory) or a
     /// [`Pool::trim`] finds the capture over, then goes as `free_after`
     /// frees it. Its events then cover the streams' work up to that
     /// point, not a graph's replays: memory a captured graph uses must
     /// live as long as the graph, as with any allocator. What
     /// [`DeviceBuffer`]'s drop calls.
     pub fn free_after_capture(&self, ptr: u64, streams: &[&B::Stream]) -> Result<()> {
-        if self.plain || self.graph || ptr == 0 {
+        if self.plain || self.graph || ptr == 0 || streams.is_empty() {
             return self.free_after(ptr, streams);
         }
+        self.free_deferred();
+        let mut capturing = false;
         for s in streams {
             if self.backend().is_capturing(s)? {
-                // Freed now as far as the caller goes: a foreign or freed
-                // pointer is its error at once, and a second free of this
-                // one is refused.
-                let key = self.release_live(ptr)?;
-                let streams = streams.iter().map(|&s| s.clone()).collect();
-                self.deferred
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((ptr, key, streams));
-                return Ok(());
+                capturing = true;
+                break;
             }
         }
-        self.free_after(ptr, streams)
+        // Freed now as far as the caller goes: a foreign or freed pointer
+        // is its error at once, and a second free of this one is refused.
+        let key = self.release_live(ptr)?;
+        if !capturing {
+            // Every stream checked above: as `free_after` goes on.
+            return self.free_released_after(ptr, key, streams);
+        }
+        // Out of use now, and returning (as a retired block is) until the
+        // capture ends: the statistics and a snapshot agree meanwhile.
+        self.count_free(key, streams[0]);
+        self.retired_bytes.fetch_add(key.bytes(), Ordering::Relaxed);
+        let streams = streams.iter().map(|&s| s.clone()).collect();
+        self.deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((ptr, key, streams));
+        Ok(())
     }
 
     /// Frees the deferred frees ([`Pool::free_after_capture`]) whose
@@ -1415,9 +1495,11 @@ impl<B: Backend> Pool<B> {
         }
         for (ptr, key, streams) in ready {
             let streams: Vec<&B::Stream> = streams.iter().collect();
+            // Counted as freed already; `retire` counts it returning again.
+            self.retired_bytes.fetch_sub(key.bytes(), Ordering::Relaxed);
             // An error here is the device's (no event, no host wait): the
             // block is then never reused, as in `free_after`.
-            let _ = self.free_released_after(ptr, key, &streams);
+            let _ = self.retire_or_wait(ptr, &streams);
         }
     }
 
@@ -1446,10 +1528,20 @@ impl<B: Backend> Pool<B> {
     /// The rest of [`Pool::free_after_now`] once `ptr`'s live bit is
     /// cleared (`key` its key; `streams` not empty).
     fn free_released_after(&self, ptr: u64, key: Key, streams: &[&B::Stream]) -> Result<()> {
-        let own = self.cache(streams[0]);
+        self.count_free(key, streams[0]);
+        self.retire_or_wait(ptr, streams)
+    }
+
+    /// Counts the free of a block of `key` on `stream`'s cache.
+    fn count_free(&self, key: Key, stream: &B::Stream) {
+        let own = self.cache(stream);
         let mut c = own.lock();
         self.account_call(&own, &mut c, FREES, -(key.bytes() as i64));
-        drop(c);
+    }
+
+    /// Retires the freed (and counted) block at `ptr` until the work
+    /// enqueued so far on each of `streams` is done.
+    fn retire_or_wait(&self, ptr: u64, streams: &[&B::Stream]) -> Result<()> {
         if self.retire(streams, vec![ptr]).is_err() {
             // No event could be recorded: wait for the streams on the host.
             // If that fails too the block is not known to be idle and is

@@ -22,7 +22,9 @@ pub struct PoolStats {
     /// Bytes freed and cached, per stream (its id as an integer).
     pub cached_per_stream: Vec<(usize, usize)>,
     /// Bytes freed and retired: back to the heap once the device has
-    /// finished their streams' work.
+    /// finished their streams' work (and, for a block freed while one of
+    /// those streams was being captured, once the capture has ended:
+    /// [`Pool::free_after_capture`](super::Pool::free_after_capture)).
     pub retired: usize,
     /// 1 - largest free run / free bytes of the mapped heap (0 = none).
     pub fragmentation: f64,
