@@ -493,12 +493,10 @@ fn stats_read_while_threads_exit_count_each_call_once() {
     );
 }
 
-/// Thread caches are not bounded by the stream's bound or the pool's:
-/// with `stream_cache_limit` 1 MiB and `cache_limit` 1 MiB, sixteen
-/// threads that free on one stream leave 16 MiB cached on it.
-/// With small limits, what the caches hold stays within the documented
-/// bound: the stream's limit, plus each thread's cache of the stream (at
-/// most the smaller limit).
+/// With small limits, what the caches hold after one free each of
+/// sixteen threads (no thread reaching its check of the bound on all
+/// caches) stays within the documented bound: the stream's limit, plus
+/// each thread's cache of the stream (at most the smaller limit).
 #[test]
 fn thread_caches_stay_within_the_limits() {
     let cfg = PoolConfig {
@@ -535,6 +533,70 @@ fn thread_caches_stay_within_the_limits() {
     });
     let bound = MIB + threads * 512 * KIB;
     assert!(cached <= bound, "{cached} bytes cached, bound {bound}");
+}
+
+/// Threads' caches count in the bound on all caches: sixteen threads on
+/// one stream each cache 256 KiB (4 MiB in all, `cache_limit` 1 MiB),
+/// then keep calling (rounds of 64 calls, in step). At its check every
+/// 64 calls a thread that finds all caches past the bound sheds half of
+/// its own to its stream, and the stream's cache sheds half to the heap:
+/// the total comes back under the bound, less the blocks the threads
+/// have out between checks.
+#[test]
+fn threads_caches_count_in_the_bound_on_all_caches() {
+    let cfg = PoolConfig {
+        initial: 8 * MIB,
+        chunk: 2 * MIB,
+        cache_limit: MIB,
+        ..PoolConfig::new(256 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let s = HostStream::new();
+    let (threads, rounds, small) = (16, 8, 4 * KIB);
+    let step = Barrier::new(threads + 1);
+    let (mut filled, mut last) = (0, 0);
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| {
+                let blocks: Vec<u64> = (0..4).map(|_| pool.alloc(64 * KIB, &s).unwrap()).collect();
+                step.wait(); // all 64 blocks out at once: 64 distinct ones
+                for p in blocks {
+                    pool.free(p, &s).unwrap();
+                }
+                step.wait(); // 4 MiB in the threads' caches
+                step.wait();
+                for _ in 0..rounds {
+                    for _ in 0..32 {
+                        let p = pool.alloc(small, &s).unwrap();
+                        pool.free(p, &s).unwrap();
+                    }
+                    step.wait();
+                }
+                step.wait();
+            });
+        }
+        step.wait();
+        step.wait();
+        filled = pool.stats().cached();
+        step.wait();
+        for _ in 0..rounds {
+            step.wait();
+        }
+        last = pool.stats().cached();
+        step.wait();
+    });
+    assert!(
+        filled >= threads * 256 * KIB,
+        "{filled} bytes cached after the frees"
+    );
+    let bound = MIB + threads * 2 * small;
+    assert!(
+        last <= bound,
+        "{last} bytes cached after {rounds} rounds, bound {bound}"
+    );
+    let st = pool.stats();
+    assert_eq!(st.in_use, 0);
+    assert_eq!(st.bad_frees, 0);
 }
 
 /// A block that a thread-local value frees when its thread exits: the

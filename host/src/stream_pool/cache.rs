@@ -119,8 +119,11 @@ pub(super) struct Cache<E> {
     pub(super) reported: usize,
     pub(super) counts: [u64; 4],
     /// A call reached this cache since the pool last looked at it for
-    /// idleness ([`super::Pool::visit_idle`]).
+    /// idleness ([`super::Pool::visit_others`]).
     pub(super) touched: bool,
+    /// A thread's cache: all caches together were past their bound at
+    /// its last check, so its next free sheds half of it.
+    pub(super) over: bool,
 }
 
 impl<E> Default for Cache<E> {
@@ -137,6 +140,7 @@ impl<E> Default for Cache<E> {
             reported: 0,
             counts: [0; 4],
             touched: false,
+            over: false,
         }
     }
 }
@@ -364,6 +368,9 @@ impl<E> Cache<E> {
             to.extend(Key::Span(p), list);
         }
         self.emptied();
+        // What the pool's count of cached bytes holds for these blocks
+        // moves with them: `to`'s next report settles the difference.
+        to.reported += std::mem::take(&mut self.reported);
         to.net += std::mem::take(&mut self.net);
         for (t, v) in to.counts.iter_mut().zip(std::mem::take(&mut self.counts)) {
             *t += v;

@@ -9,8 +9,9 @@
 //!   puts the new user after the old one. In front of it, each thread has
 //!   a small cache per stream ([`local`]) that its allocations and frees
 //!   of up to 1 MiB reach with no lock.
-//! - Caches are bounded, per stream and in all (and a thread's, per
-//!   thread: see [`PoolConfig::stream_cache_limit`]). A cache past its bound,
+//! - Caches are bounded, per stream and in all, threads' caches included
+//!   (a thread's also per thread: see [`PoolConfig::stream_cache_limit`]
+//!   and [`PoolConfig::cache_limit`]). A cache past its bound,
 //!   and the cache of a stream no one else holds any more, *sheds* its
 //!   largest blocks straight back to the heap behind the stream's guard
 //!   ([`guard`]): the same stream reuses that memory at once, in any size
@@ -68,7 +69,7 @@ use local::{install, with_local, Reach, LOCAL_BYTES, LOCAL_MAX_BLOCK, LOCAL_PER_
 use stats::{BAD, FLUSHES, GROWS, MOVES, RETIRES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, TryLockError};
 
 /// Every block is at least this aligned (like `cudaMalloc`).
 pub const ALIGN: usize = 256;
@@ -119,10 +120,15 @@ pub struct PoolConfig {
     /// takes those back when it is short, trims, or lets go of the
     /// stream, and a thread's go to its streams when it exits.
     pub stream_cache_limit: usize,
-    /// Bytes all the streams' caches may hold together (checked on each
-    /// stream every 64 calls that reach its cache): a cache that finds the
-    /// total past it sheds half of its blocks. Threads' caches are
-    /// bounded apart (see `stream_cache_limit`).
+    /// Bytes all caches may hold together, the threads' caches included.
+    /// It is checked every 64 calls that reach a stream's cache, and
+    /// every 64 calls of a thread on a stream: a stream's cache that
+    /// finds the total past it sheds half of its blocks, then the other
+    /// streams' caches shed half each until the total is back under; a
+    /// thread's cache sheds half of its blocks to its stream's at its
+    /// next free. A thread that makes no more calls keeps what its caches
+    /// hold (the bounds of `stream_cache_limit`) until the pool is short,
+    /// trims, lets go of the stream, or the thread exits.
     pub cache_limit: usize,
     /// Address space reserved up front; the pool never holds more.
     pub reserve: usize,
@@ -754,10 +760,18 @@ impl<B: Backend> Pool<B> {
     ///   little.
     ///
     /// Each other cache's lock is only tried, never waited for (the
-    /// caller holds its own), and a stream being captured is passed over
-    /// on a pool that checks capture (its shed would record an event
-    /// into the capture).
+    /// caller holds its own), and so is the map of caches: the statistics
+    /// and a snapshot hold it while they wait for each stream's lock, so
+    /// a stream's lock holder queued behind a sweep waiting for the map
+    /// would close a cycle. A stream being captured is passed over on a
+    /// pool that checks capture (its shed would record an event into the
+    /// capture).
     fn visit_others(&self, own: usize, turn: usize) {
+        let caches = match self.caches.try_read() {
+            Ok(c) => c,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
         let over = || self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit;
         let visit = |other: &StreamCache<B>, idle_only: bool| {
             if !self.plain && !matches!(self.backend().is_capturing(&other.stream), Ok(false)) {
@@ -775,32 +789,32 @@ impl<B: Backend> Pool<B> {
             }
         };
         if over() {
-            for other in self.all_caches().iter().filter(|o| o.id != own) {
+            let others: Vec<_> = caches.values().filter(|o| o.id != own).cloned().collect();
+            drop(caches);
+            for other in others {
                 if !over() {
                     break;
                 }
-                visit(other, false);
+                visit(&other, false);
             }
             return;
         }
-        let next = {
-            let caches = self.caches.read().unwrap_or_else(|p| p.into_inner());
-            match caches.len() {
-                0 | 1 => return,
-                n => caches
-                    .values()
-                    .nth(turn % n)
-                    .filter(|o| o.id != own)
-                    .cloned(),
-            }
+        let next = match caches.len() {
+            0 | 1 => return,
+            n => caches
+                .values()
+                .nth(turn % n)
+                .filter(|o| o.id != own)
+                .cloned(),
         };
+        drop(caches);
         if let Some(other) = next {
             visit(&other, true);
         }
     }
 
     /// Brings the pool's count of cached bytes up to date with `c`.
-    fn report(&self, c: &mut Cache<B::Event>) {
+    fn report<E>(&self, c: &mut Cache<E>) {
         if c.bytes >= c.reported {
             self.cached_bytes
                 .fetch_add(c.bytes - c.reported, Ordering::Relaxed);
@@ -1244,13 +1258,17 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Counts a call on a thread's cache; every [`FOLD_EVERY`] calls folds
-    /// its bytes in use into the pool's (and samples the peak).
+    /// its bytes in use into the pool's (and samples the peak), reports
+    /// its cached bytes and checks the bound on all caches: past it, the
+    /// thread's next free sheds half of its cache (`Cache::over`).
     #[inline]
     fn count_local(&self, m: &mut Cache<()>, which: usize, bytes: i64) {
         m.counts[which] += 1;
         m.net += bytes;
         if (m.counts[ALLOCS] + m.counts[FREES]).is_multiple_of(FOLD_EVERY) {
             self.fold(&mut m.net);
+            self.report(m);
+            m.over = self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit;
         }
     }
 
@@ -1314,7 +1332,7 @@ impl<B: Backend> Pool<B> {
             true => with_local::<B, _>(self.id, B::stream_id(stream), |m| {
                 let held = m.push(key, ptr);
                 self.count_local(m, FREES, -(key.bytes() as i64));
-                match held > LOCAL_PER_KEY || m.bytes > self.local_limit {
+                match m.over || held > LOCAL_PER_KEY || m.bytes > self.local_limit {
                     true => Some(self.spill_local(m, key)),
                     false => None,
                 }
@@ -1329,19 +1347,27 @@ impl<B: Backend> Pool<B> {
 
     /// The blocks a thread's cache past a bound lets go of (it just took
     /// one of `key`): half of `key`'s past [`LOCAL_PER_KEY`], the largest
-    /// past its bytes' bound, for its stream's cache.
+    /// past its bytes' bound, and (`Cache::over`: all caches together
+    /// past theirs at its last check) the largest half, for its stream's
+    /// cache.
     #[cold]
     #[inline(never)]
     fn spill_local(&self, m: &mut Cache<()>, key: Key) -> Vec<(Key, u64)> {
+        let over = std::mem::take(&mut m.over);
         let mut out = Vec::new();
         if m.len(key) > LOCAL_PER_KEY {
             m.take_each(key, LOCAL_PER_KEY / 2, |k, p| out.push((k, p)));
         }
-        if m.bytes > self.local_limit {
-            m.shed_each(self.local_limit / 2, |k, p| out.push((k, p)));
+        let keep = match over {
+            true => m.bytes / 2,
+            false => self.local_limit / 2,
+        };
+        if m.bytes > self.local_limit || over {
+            m.shed_each(keep, |k, p| out.push((k, p)));
         }
         // Blocks leave uncounted: see `FOLD_BYTES`.
         self.fold(&mut m.net);
+        self.report(m);
         out
     }
 
@@ -1367,6 +1393,9 @@ impl<B: Backend> Pool<B> {
                             c.push(k, p);
                         }
                         self.report(c);
+                        if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
+                            self.report_and_bound(own, c);
+                        }
                     });
                 }
                 return Ok(());
