@@ -774,19 +774,18 @@ impl<B: Backend> Pool<B> {
         };
         let over = || self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit;
         let visit = |other: &StreamCache<B>, idle_only: bool| {
-            if !self.plain && !matches!(self.backend().is_capturing(&other.stream), Ok(false)) {
-                return;
-            }
             let Some(mut c) = other.try_lock() else {
                 return;
             };
-            if idle_only && std::mem::take(&mut c.touched) {
+            if (idle_only && std::mem::take(&mut c.touched)) || c.bytes == 0 {
                 return;
             }
-            if c.bytes > 0 {
-                let keep = if c.bytes > IDLE_FLOOR { c.bytes / 2 } else { 0 };
-                self.shed(other, &mut c, keep);
+            // A driver call: only for a cache about to shed.
+            if !self.plain && !matches!(self.backend().is_capturing(&other.stream), Ok(false)) {
+                return;
             }
+            let keep = if c.bytes > IDLE_FLOOR { c.bytes / 2 } else { 0 };
+            self.shed(other, &mut c, keep);
         };
         if over() {
             let others: Vec<_> = caches.values().filter(|o| o.id != own).cloned().collect();
