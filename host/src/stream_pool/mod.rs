@@ -95,6 +95,12 @@ const FOLD_EVERY: u64 = 64;
 /// (within its bound, 2 MiB, and a block); the allocations the heap
 /// serves that it counts (`Pool::alloc_on`) fold by bytes, as a stream's.
 const FOLD_BYTES: i64 = 2 << 20;
+/// A thread's cache reports its bytes to the pool's count of cached bytes
+/// at a fold only when they moved this many or more since it last did:
+/// alloc and free pairs on a thread leave that shared counter alone (it
+/// is then only read), and the count is short of the truth by at most
+/// this much per thread's cache.
+const REPORT_SLACK: usize = 64 << 10;
 
 /// Whether a cache whose counter is `net` after a call on a block of
 /// `bytes` folds it now ([`FOLD_BYTES`]).
@@ -120,8 +126,8 @@ pub struct PoolConfig {
     /// takes those back when it is short, trims, or lets go of the
     /// stream, and a thread's go to its streams when it exits.
     pub stream_cache_limit: usize,
-    /// Bytes all caches may hold together, the threads' caches included.
-    /// It is checked every 64 calls that reach a stream's cache, and
+    /// Bytes all caches may hold together, the threads' caches included
+    /// (each counted to within 64 KiB). It is checked every 64 calls that reach a stream's cache, and
     /// every 64 calls of a thread on a stream: a stream's cache that
     /// finds the total past it sheds half of its blocks, then the other
     /// streams' caches shed half each until the total is back under; a
@@ -1258,15 +1264,18 @@ impl<B: Backend> Pool<B> {
 
     /// Counts a call on a thread's cache; every [`FOLD_EVERY`] calls folds
     /// its bytes in use into the pool's (and samples the peak), reports
-    /// its cached bytes and checks the bound on all caches: past it, the
-    /// thread's next free sheds half of its cache (`Cache::over`).
+    /// its cached bytes (past [`REPORT_SLACK`]) and checks the bound on
+    /// all caches: past it, the thread's next free sheds half of its
+    /// cache (`Cache::over`).
     #[inline]
     fn count_local(&self, m: &mut Cache<()>, which: usize, bytes: i64) {
         m.counts[which] += 1;
         m.net += bytes;
         if (m.counts[ALLOCS] + m.counts[FREES]).is_multiple_of(FOLD_EVERY) {
             self.fold(&mut m.net);
-            self.report(m);
+            if m.bytes.abs_diff(m.reported) >= REPORT_SLACK {
+                self.report(m);
+            }
             m.over = self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit;
         }
     }
