@@ -784,6 +784,45 @@ fn an_idle_streams_cache_goes_back_to_the_heap() {
     }
 }
 
+/// The looks at idle streams go on when the working stream's calls are
+/// counted in its thread's cache: blocks of 64 KiB allocated from the
+/// heap on a thread that caches the stream (and freed on another) reach
+/// the stream's cache only for the check every 64 of them, and each check
+/// still looks at the next other cache.
+#[test]
+fn a_stream_served_through_its_threads_cache_still_looks_at_idle_ones() {
+    let cfg = PoolConfig {
+        initial: 64 * MIB,
+        chunk: 2 * MIB,
+        ..PoolConfig::new(256 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let (a, b, c, d) = (
+        HostStream::new(),
+        HostStream::new(),
+        HostStream::new(),
+        HostStream::new(),
+    );
+    cache_on(&pool, &a, 8, 64);
+    cache_on(&pool, &c, 8, 64);
+    assert_eq!(cached_on(&pool, &a) + cached_on(&pool, &c), 32 * MIB);
+    // The thread gets a cache of `b` (its first free on `b` goes to the
+    // stream's cache and makes it).
+    let p = pool.alloc(64 * KIB, &b).unwrap();
+    pool.free(p, &b).unwrap();
+    let p = pool.alloc(64 * KIB, &b).unwrap();
+    pool.free(p, &d).unwrap();
+    for _ in 0..64 {
+        // Freed on `d`: `b`'s next blocks come from the heap again.
+        let blocks: Vec<u64> = (0..64).map(|_| pool.alloc(64 * KIB, &b).unwrap()).collect();
+        for p in blocks {
+            pool.free(p, &d).unwrap();
+        }
+    }
+    assert_eq!(cached_on(&pool, &a), 0, "a: {:?}", pool.stats());
+    assert_eq!(cached_on(&pool, &c), 0, "c: {:?}", pool.stats());
+}
+
 /// The bound on all caches together holds with the streams that filled
 /// them idle: a stream that finds the total past the bound sheds half of
 /// its own cache, then half of each other's until the total is back
@@ -979,6 +1018,51 @@ fn a_buffer_used_on_another_stream_waits_for_both() {
         pool.free(p, &third).unwrap();
         pool.trim(0).unwrap();
     }
+}
+
+/// Frees deferred past a capture of their own stream, with all caches
+/// past their bound: counted at once, and no check sheds the stream's
+/// cache (its guard would be recorded into the capture).
+#[test]
+fn frees_during_a_capture_of_their_stream_record_nothing_into_it() {
+    let cfg = PoolConfig {
+        initial: 16 * MIB,
+        chunk: 2 * MIB,
+        capture_check: true,
+        cache_limit: 0,
+        ..PoolConfig::new(64 * MIB)
+    };
+    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let s = HostStream::new();
+    let blocks: Vec<u64> = (0..128)
+        .map(|_| pool.alloc(64 * KIB, &s).unwrap())
+        .collect();
+    // Cached on `s`'s own cache (past the threads' caches), past a bound
+    // of 0.
+    for p in [
+        pool.alloc(2 * MIB, &s).unwrap(),
+        pool.alloc(2 * MIB, &s).unwrap(),
+    ] {
+        pool.free(p, &s).unwrap();
+    }
+    assert_eq!(pool.stats().cached(), 4 * MIB);
+    s.begin_capture();
+    let records = pool.backend().counts().records;
+    for &p in &blocks {
+        pool.free_after_capture(p, &[&s]).unwrap();
+    }
+    assert_eq!(
+        pool.backend().counts().records,
+        records,
+        "recorded into the capture"
+    );
+    let st = pool.stats();
+    assert_eq!((st.in_use, st.retired), (0, 128 * 64 * KIB), "{st:?}");
+    s.end_capture();
+    // The next free after the capture frees the deferred ones.
+    let p = pool.alloc(64 * KIB, &s).unwrap();
+    pool.free_after_capture(p, &[&s]).unwrap();
+    assert_eq!(pool.stats().in_use, 0);
 }
 
 /// On a pool with `capture_check`, a buffer dropped while a stream it

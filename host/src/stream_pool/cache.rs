@@ -8,7 +8,7 @@ use cuheap_core::size_class::{class_of, class_size, MAX_CLASS_SIZE, PAGE_SIZE};
 use cuheap_core::BlockInfo;
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// Where a block's size comes from: a class, or a span of pages.
@@ -122,8 +122,12 @@ pub(super) struct Cache<E> {
     /// idleness ([`super::Pool::visit_others`]).
     pub(super) touched: bool,
     /// A thread's cache: all caches together were past their bound at
-    /// its last check, so its next free sheds half of it.
+    /// its last check, so its next free sends half of it to its stream's
+    /// cache.
     pub(super) over: bool,
+    /// A stream's cache: how many times it looked at the others
+    /// ([`super::Pool::visit_others`]).
+    pub(super) looks: u64,
 }
 
 impl<E> Default for Cache<E> {
@@ -141,6 +145,7 @@ impl<E> Default for Cache<E> {
             counts: [0; 4],
             touched: false,
             over: false,
+            looks: 0,
         }
     }
 }
@@ -435,10 +440,14 @@ pub(super) struct StreamCache<B: Backend> {
     /// Bumped (under the cache's lock) whenever blocks or counters move in
     /// from a thread's cache, so that `stats` can tell it read them twice.
     pub(super) moves: AtomicU64,
+    /// The pool's count of the bytes its threads' caches reported (a part
+    /// of its count of cached bytes): [`StreamCache::take_in`] moves a
+    /// thread's share out of it.
+    pub(super) local_cached: Arc<AtomicUsize>,
 }
 
 impl<B: Backend> StreamCache<B> {
-    pub(super) fn new(stream: &B::Stream) -> StreamCache<B> {
+    pub(super) fn new(stream: &B::Stream, local_cached: Arc<AtomicUsize>) -> StreamCache<B> {
         StreamCache {
             stream: stream.clone(),
             id: B::stream_id(stream),
@@ -449,7 +458,15 @@ impl<B: Backend> StreamCache<B> {
             seen: AtomicU64::new(0),
             locals: Mutex::new(Vec::new()),
             moves: AtomicU64::new(0),
+            local_cached,
         }
+    }
+
+    /// Moves a thread's cache of this stream into `c` (its lock), with
+    /// what the thread's cache reported: true if any block moved.
+    pub(super) fn take_in(&self, m: &mut Cache<()>, c: &mut Cache<B::Event>) -> bool {
+        self.local_cached.fetch_sub(m.reported, Ordering::Relaxed);
+        m.move_to(c)
     }
 
     pub(super) fn lock(&self) -> Locked<'_, B::Event> {

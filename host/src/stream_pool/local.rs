@@ -26,7 +26,10 @@
 //!   apply). Everything goes into the stream's cache when the thread
 //!   exits, when the pool runs short of memory, trims or flushes, and when
 //!   it lets go of the stream (which also ends the thread's cache: its
-//!   thread makes a new one on its next call).
+//!   thread makes a new one on its next call). Every 64 calls the thread
+//!   reports its cached bytes to the pool's count (when they moved 64 KiB
+//!   or more) and checks the bound on all caches: past it, its next free
+//!   sends half of its blocks to the stream's cache.
 //! - Counters and bytes in use stay in the thread's cache; the pool adds
 //!   them up for its statistics and folds the bytes into its peak every
 //!   64 calls, as a stream cache does, and when the thread's cache spills
@@ -298,7 +301,7 @@ impl<B: Backend> Leave for Local<B> {
             if let Some(sc) = self.sc.upgrade() {
                 let mut c = sc.lock();
                 sc.moves.fetch_add(1, Ordering::Release);
-                if m.move_to(&mut c) {
+                if sc.take_in(m, &mut c) {
                     c.dirty = true;
                 }
             }
@@ -472,7 +475,10 @@ mod tests {
     fn owner_and_gatherer_never_hold_the_blocks_at_once() {
         barrier::init();
         println!("membarrier used: {}", barrier::membarrier_used());
-        let sc = Arc::new(StreamCache::<HostBackend>::new(&HostStream::new()));
+        let sc = Arc::new(StreamCache::<HostBackend>::new(
+            &HostStream::new(),
+            Default::default(),
+        ));
         let local = Local::new(&sc);
         let key = super::super::cache::Key::Class(20);
         let n: u64 = if cfg!(miri) { 60 } else { 20_000 };
@@ -511,7 +517,10 @@ mod tests {
     /// their owners keep pushing: every block ends up in exactly one place.
     #[test]
     fn a_pass_over_several_caches_takes_every_block_once() {
-        let sc = Arc::new(StreamCache::<HostBackend>::new(&HostStream::new()));
+        let sc = Arc::new(StreamCache::<HostBackend>::new(
+            &HostStream::new(),
+            Default::default(),
+        ));
         let locals: Vec<Arc<Local<HostBackend>>> =
             (0..3).map(|_| Arc::new(Local::new(&sc))).collect();
         let key = super::super::cache::Key::Class(20);
@@ -540,7 +549,10 @@ mod tests {
     /// A thread's caches leave into their streams when it exits.
     #[test]
     fn a_thread_leaves_its_caches_when_it_exits() {
-        let sc = Arc::new(StreamCache::<HostBackend>::new(&HostStream::new()));
+        let sc = Arc::new(StreamCache::<HostBackend>::new(
+            &HostStream::new(),
+            Default::default(),
+        ));
         let key = super::super::cache::Key::Class(3);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -569,7 +581,7 @@ mod tests {
     #[test]
     fn the_hint_goes_with_the_cache_it_points_to() {
         let scs: Vec<Arc<StreamCache<HostBackend>>> = (0..=LOCAL_STREAMS)
-            .map(|_| Arc::new(StreamCache::new(&HostStream::new())))
+            .map(|_| Arc::new(StreamCache::new(&HostStream::new(), Default::default())))
             .collect();
         let key = super::super::cache::Key::Class(3);
         let pool = u64::MAX - 1;

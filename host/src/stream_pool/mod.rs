@@ -98,8 +98,8 @@ const FOLD_BYTES: i64 = 2 << 20;
 /// A thread's cache reports its bytes to the pool's count of cached bytes
 /// at a fold only when they moved this many or more since it last did:
 /// alloc and free pairs on a thread leave that shared counter alone (it
-/// is then only read), and the count is short of the truth by at most
-/// this much per thread's cache.
+/// is then only read), and the count is off the truth by less than this
+/// much per thread's cache.
 const REPORT_SLACK: usize = 64 << 10;
 
 /// Whether a cache whose counter is `net` after a call on a block of
@@ -294,8 +294,11 @@ pub struct Pool<B: Backend = CudaBackend> {
     guards: Guards<B>,
     /// Bytes of the blocks in `retired`.
     retired_bytes: Own<AtomicUsize>,
-    /// Bytes in the streams' caches, as last reported by each.
+    /// Bytes in all caches, the threads' included, as last reported by
+    /// each (within [`REPORT_SLACK`] for a thread's).
     cached_bytes: Own<AtomicUsize>,
+    /// The threads' caches' part of `cached_bytes`.
+    local_cached: Arc<AtomicUsize>,
     stream_cache_limit: usize,
     cache_limit: usize,
     /// Bytes a thread's cache of one stream holds at most ([`local`]).
@@ -455,6 +458,7 @@ impl<B: Backend> Pool<B> {
             guards: Guards::new(pages as usize),
             retired_bytes: Own(AtomicUsize::new(0)),
             cached_bytes: Own(AtomicUsize::new(0)),
+            local_cached: Arc::default(),
             stream_cache_limit: if cfg.graph {
                 usize::MAX
             } else {
@@ -689,7 +693,7 @@ impl<B: Backend> Pool<B> {
                     .write()
                     .unwrap_or_else(|p| p.into_inner())
                     .entry(id)
-                    .or_insert_with(|| Arc::new(StreamCache::new(owner)))
+                    .or_insert_with(|| Arc::new(StreamCache::new(owner, self.local_cached.clone())))
                     .clone()
             }
         };
@@ -723,7 +727,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Counts one call on a stream's cache; now and then folds its bytes
-    /// in use and its cached bytes into the pool's, and retires half of
+    /// in use and its cached bytes into the pool's, and sheds half of
     /// the cache when all caches together are past their bound.
     fn account(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>, which: usize, bytes: i64) {
         c.counts[which] += 1;
@@ -742,12 +746,14 @@ impl<B: Backend> Pool<B> {
     /// other streams' caches ([`Pool::visit_others`]).
     fn report_and_bound(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>) {
         self.report(c);
-        if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
+        if self.streams_over() {
             self.shed(sc, c, c.bytes / 2);
         }
         if !self.graph {
-            let turn = (c.counts[ALLOCS] + c.counts[FREES]) / FOLD_EVERY + sc.serial;
-            self.visit_others(sc.id, turn as usize);
+            // Its own count of looks: the calls its threads' caches serve
+            // do not reach its counts.
+            c.looks += 1;
+            self.visit_others(sc.id, (c.looks + sc.serial) as usize);
         }
     }
 
@@ -755,8 +761,10 @@ impl<B: Backend> Pool<B> {
     /// calls that reach it (`turn` counts them), so that the bound on all
     /// caches holds and idle streams' caches go back to the heap even
     /// when the streams that hold them make no call:
-    /// - with all caches together still past their bound, each other
-    ///   cache sheds half of its blocks, until the total is back under;
+    /// - with the streams' caches together still past the bound on all
+    ///   caches ([`Pool::streams_over`]), each other cache sheds half of
+    ///   its blocks (all of them under [`IDLE_FLOOR`]), until the total
+    ///   is back under;
     /// - else it looks at one other cache, the next in its turn: one that
     ///   no call reached since the last look sheds half of its blocks
     ///   (all of them under [`IDLE_FLOOR`]), so an idle stream's cache
@@ -778,7 +786,7 @@ impl<B: Backend> Pool<B> {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
-        let over = || self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit;
+        let over = || self.streams_over();
         let visit = |other: &StreamCache<B>, idle_only: bool| {
             let Some(mut c) = other.try_lock() else {
                 return;
@@ -804,12 +812,13 @@ impl<B: Backend> Pool<B> {
             }
             return;
         }
-        let next = match caches.len() {
-            0 | 1 => return,
+        let others = caches.len() - usize::from(caches.contains_key(&own));
+        let next = match others {
+            0 => return,
             n => caches
                 .values()
-                .nth(turn % n)
                 .filter(|o| o.id != own)
+                .nth(turn % n)
                 .cloned(),
         };
         drop(caches);
@@ -818,8 +827,31 @@ impl<B: Backend> Pool<B> {
         }
     }
 
+    /// Whether the streams' caches alone are past the bound on all caches:
+    /// what a stream's check sheds for (threads' caches shed their own,
+    /// and an idle thread's cannot be reached from a stream).
+    fn streams_over(&self) -> bool {
+        let all = self.cached_bytes.load(Ordering::Relaxed);
+        all.saturating_sub(self.local_cached.load(Ordering::Relaxed)) > self.cache_limit
+    }
+
+    /// Brings the pool's counts of cached bytes up to date with a thread's
+    /// cache `m`.
+    fn report_local(&self, m: &mut Cache<()>) {
+        if m.bytes >= m.reported {
+            let up = m.bytes - m.reported;
+            self.local_cached.fetch_add(up, Ordering::Relaxed);
+            self.cached_bytes.fetch_add(up, Ordering::Relaxed);
+        } else {
+            let down = m.reported - m.bytes;
+            self.cached_bytes.fetch_sub(down, Ordering::Relaxed);
+            self.local_cached.fetch_sub(down, Ordering::Relaxed);
+        }
+        m.reported = m.bytes;
+    }
+
     /// Brings the pool's count of cached bytes up to date with `c`.
-    fn report<E>(&self, c: &mut Cache<E>) {
+    fn report(&self, c: &mut Cache<B::Event>) {
         if c.bytes >= c.reported {
             self.cached_bytes
                 .fetch_add(c.bytes - c.reported, Ordering::Relaxed);
@@ -984,7 +1016,7 @@ impl<B: Backend> Pool<B> {
         sc.each_local(|l, m| {
             let mut c = sc.lock();
             sc.moves.fetch_add(1, Ordering::Release);
-            if m.move_to(&mut c) {
+            if sc.take_in(m, &mut c) {
                 c.dirty = true;
             }
             if fold_now(c.net, 0) {
@@ -1274,7 +1306,7 @@ impl<B: Backend> Pool<B> {
         if (m.counts[ALLOCS] + m.counts[FREES]).is_multiple_of(FOLD_EVERY) {
             self.fold(&mut m.net);
             if m.bytes.abs_diff(m.reported) >= REPORT_SLACK {
-                self.report(m);
+                self.report_local(m);
             }
             m.over = self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit;
         }
@@ -1375,7 +1407,7 @@ impl<B: Backend> Pool<B> {
         }
         // Blocks leave uncounted: see `FOLD_BYTES`.
         self.fold(&mut m.net);
-        self.report(m);
+        self.report_local(m);
         out
     }
 
@@ -1401,7 +1433,7 @@ impl<B: Backend> Pool<B> {
                             c.push(k, p);
                         }
                         self.report(c);
-                        if self.cached_bytes.load(Ordering::Relaxed) > self.cache_limit {
+                        if self.streams_over() {
                             self.report_and_bound(own, c);
                         }
                     });
@@ -1482,7 +1514,6 @@ impl<B: Backend> Pool<B> {
         if self.plain || self.graph || ptr == 0 || streams.is_empty() {
             return self.free_after(ptr, streams);
         }
-        self.free_deferred();
         let mut capturing = false;
         for s in streams {
             if self.backend().is_capturing(s)? {
@@ -1494,12 +1525,17 @@ impl<B: Backend> Pool<B> {
         // is its error at once, and a second free of this one is refused.
         let key = self.release_live(ptr)?;
         if !capturing {
+            // Earlier deferred frees whose captures ended go first (not
+            // during a capture: each would ask the driver again).
+            self.free_deferred();
             // Every stream checked above: as `free_after` goes on.
             return self.free_released_after(ptr, key, streams);
         }
         // Out of use now, and returning (as a retired block is) until the
         // capture ends: the statistics and a snapshot agree meanwhile.
-        self.count_free(key, streams[0]);
+        // Counted with no bound check: a shed of the stream's cache would
+        // record its guard into the capture.
+        self.count_free_in_capture(key, streams[0]);
         self.retired_bytes.fetch_add(key.bytes(), Ordering::Relaxed);
         let streams = streams.iter().map(|&s| s.clone()).collect();
         self.deferred
@@ -1574,6 +1610,20 @@ impl<B: Backend> Pool<B> {
         let own = self.cache(stream);
         let mut c = own.lock();
         self.account_call(&own, &mut c, FREES, -(key.bytes() as i64));
+    }
+
+    /// Counts the free of a block of `key` on `stream`'s cache, which is
+    /// being captured: as [`Pool::account_call`] does, with no bound
+    /// check (its shed would record an event into the capture).
+    fn count_free_in_capture(&self, key: Key, stream: &B::Stream) {
+        let own = self.cache(stream);
+        let mut c = own.lock();
+        c.counts[FREES] += 1;
+        c.net -= key.bytes() as i64;
+        self.fold(&mut c.net);
+        if own.released.load(Ordering::Acquire) {
+            self.keep_counts(&mut c);
+        }
     }
 
     /// Retires the freed (and counted) block at `ptr` until the work
