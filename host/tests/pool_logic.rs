@@ -806,8 +806,8 @@ fn a_stream_served_through_its_threads_cache_still_looks_at_idle_ones() {
     cache_on(&pool, &a, 8, 64);
     cache_on(&pool, &c, 8, 64);
     assert_eq!(cached_on(&pool, &a) + cached_on(&pool, &c), 32 * MIB);
-    // The thread gets a cache of `b` (its first free on `b` goes to the
-    // stream's cache and makes it).
+    // The thread gets a cache of `b` (its first allocation on `b` makes
+    // it).
     let p = pool.alloc(64 * KIB, &b).unwrap();
     pool.free(p, &b).unwrap();
     let p = pool.alloc(64 * KIB, &b).unwrap();
@@ -1059,9 +1059,11 @@ fn frees_during_a_capture_of_their_stream_record_nothing_into_it() {
     let st = pool.stats();
     assert_eq!((st.in_use, st.retired), (0, 128 * 64 * KIB), "{st:?}");
     s.end_capture();
-    // The next free after the capture frees the deferred ones.
+    // The next free after the capture frees the deferred ones (each
+    // retired behind an event).
     let p = pool.alloc(64 * KIB, &s).unwrap();
     pool.free_after_capture(p, &[&s]).unwrap();
+    assert!(pool.backend().counts().records > records + 128);
     assert_eq!(pool.stats().in_use, 0);
 }
 

@@ -617,9 +617,11 @@ fn threads_caches_count_in_the_bound_on_all_caches() {
 /// Idle threads' caches that alone hold more than the bound on all
 /// caches do not make the streams' caches shed at every check: a stream
 /// sheds for what the streams' caches hold, the threads' caches for all.
-/// Sixteen threads park with 388 KiB cached each (6.1 MiB, reported;
-/// bound 4 MiB), and a stream's cache that holds one 2 MiB block through
-/// 512 calls sheds nothing (nor did the threads' checks on the way).
+/// Sixteen threads cache 388 KiB each (6.1 MiB, reported; bound 4 MiB;
+/// the last ones to report send half of theirs to the stream's cache,
+/// which stays under the bound) and park, and a stream's cache that holds
+/// one 2 MiB block through 512 calls sheds nothing (nor did the threads'
+/// checks on the way).
 #[test]
 fn idle_threads_caches_past_the_bound_leave_the_streams_caches_alone() {
     let cfg = PoolConfig {

@@ -122,8 +122,8 @@ pub(super) struct Cache<E> {
     /// idleness ([`super::Pool::visit_others`]).
     pub(super) touched: bool,
     /// A thread's cache: all caches together were past their bound at
-    /// its last check, so its next free sends half of it to its stream's
-    /// cache.
+    /// its last check, so its free (the one that checked, or the next)
+    /// sends half of it to its stream's cache.
     pub(super) over: bool,
     /// A stream's cache: how many times it looked at the others
     /// ([`super::Pool::visit_others`]).

@@ -127,14 +127,16 @@ pub struct PoolConfig {
     /// stream, and a thread's go to its streams when it exits.
     pub stream_cache_limit: usize,
     /// Bytes all caches may hold together, the threads' caches included
-    /// (each counted to within 64 KiB). It is checked every 64 calls that reach a stream's cache, and
-    /// every 64 calls of a thread on a stream: a stream's cache that
-    /// finds the total past it sheds half of its blocks, then the other
-    /// streams' caches shed half each until the total is back under; a
-    /// thread's cache sheds half of its blocks to its stream's at its
-    /// next free. A thread that makes no more calls keeps what its caches
-    /// hold (the bounds of `stream_cache_limit`) until the pool is short,
-    /// trims, lets go of the stream, or the thread exits.
+    /// (each counted to within 64 KiB). It is checked every 64 calls of a
+    /// thread on a stream and every 64 calls that reach a stream's cache.
+    /// A thread's cache that finds all caches past it sends half of its
+    /// blocks to its stream's cache (at that free or its next one). A
+    /// stream's cache that finds the streams' caches past it (a thread's
+    /// cannot be reached from a stream) sheds half of its blocks, then the
+    /// other streams' caches shed half each until they are back under. A
+    /// thread that makes no more calls keeps what its caches hold (the
+    /// bounds of `stream_cache_limit`) until the pool is short, trims,
+    /// lets go of the stream, or the thread exits.
     pub cache_limit: usize,
     /// Address space reserved up front; the pool never holds more.
     pub reserve: usize,
@@ -728,7 +730,8 @@ impl<B: Backend> Pool<B> {
 
     /// Counts one call on a stream's cache; now and then folds its bytes
     /// in use and its cached bytes into the pool's, and sheds half of
-    /// the cache when all caches together are past their bound.
+    /// the cache when the streams' caches are past the bound on all
+    /// caches ([`Pool::report_and_bound`]).
     fn account(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>, which: usize, bytes: i64) {
         c.counts[which] += 1;
         c.net += bytes;
@@ -741,8 +744,9 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// Reports `sc`'s cached bytes (its lock is `c`) and, with all caches
-    /// together past their bound, sheds half of `sc`'s; then looks at
+    /// Reports `sc`'s cached bytes (its lock is `c`) and, with the
+    /// streams' caches past the bound on all caches
+    /// ([`Pool::streams_over`]), sheds half of `sc`'s; then looks at
     /// other streams' caches ([`Pool::visit_others`]).
     fn report_and_bound(&self, sc: &StreamCache<B>, c: &mut Cache<B::Event>) {
         self.report(c);
@@ -1297,8 +1301,8 @@ impl<B: Backend> Pool<B> {
     /// Counts a call on a thread's cache; every [`FOLD_EVERY`] calls folds
     /// its bytes in use into the pool's (and samples the peak), reports
     /// its cached bytes (past [`REPORT_SLACK`]) and checks the bound on
-    /// all caches: past it, the thread's next free sheds half of its
-    /// cache (`Cache::over`).
+    /// all caches: past it, the thread's free (that one or the next)
+    /// sends half of its cache to its stream's (`Cache::over`).
     #[inline]
     fn count_local(&self, m: &mut Cache<()>, which: usize, bytes: i64) {
         m.counts[which] += 1;
