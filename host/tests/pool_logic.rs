@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 mod common;
-use common::{pool, KIB, MIB};
+use common::{host_pool, pool, KIB, MIB};
 
 /// Fills `len` bytes at `ptr` with a pattern of `seed`; the error names
 /// the address if any byte is unmapped.
@@ -691,7 +691,7 @@ fn the_cache_bound_holds_while_the_heap_serves_a_stream() {
         cache_limit: 16 * MIB,
         ..PoolConfig::new(1024 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let a = HostStream::new();
     let big: Vec<u64> = (0..16).map(|_| pool.alloc(4 * MIB, &a).unwrap()).collect();
     for p in big {
@@ -745,7 +745,7 @@ fn an_idle_streams_cache_goes_back_to_the_heap() {
             capture_check,
             ..PoolConfig::new(256 * MIB)
         };
-        let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+        let pool = host_pool(cfg);
         let (a, b) = (HostStream::new(), HostStream::new());
         cache_on(&pool, &a, 8, 64);
         assert_eq!(cached_on(&pool, &a), 16 * MIB);
@@ -796,7 +796,7 @@ fn a_stream_served_through_its_threads_cache_still_looks_at_idle_ones() {
         chunk: 2 * MIB,
         ..PoolConfig::new(256 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let (a, b, c, d) = (
         HostStream::new(),
         HostStream::new(),
@@ -835,7 +835,7 @@ fn the_bound_on_all_caches_holds_over_idle_streams() {
         cache_limit: 16 * MIB,
         ..PoolConfig::new(256 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let streams: Vec<HostStream> = (0..4).map(|_| HostStream::new()).collect();
     for s in &streams {
         // 12 MiB each, reported at the 64th call.
@@ -927,7 +927,7 @@ fn a_full_cache_sheds_blocks_that_other_streams_wait_for() {
         stream_cache_limit: 8 * MIB,
         ..PoolConfig::new(256 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let (a, b) = (HostStream::new(), HostStream::new());
     let blocks: Vec<u64> = (0..12).map(|_| pool.alloc(MIB, &a).unwrap()).collect();
     a.enqueue();
@@ -1032,7 +1032,7 @@ fn frees_during_a_capture_of_their_stream_record_nothing_into_it() {
         cache_limit: 0,
         ..PoolConfig::new(64 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let s = HostStream::new();
     let blocks: Vec<u64> = (0..128)
         .map(|_| pool.alloc(64 * KIB, &s).unwrap())
@@ -1081,7 +1081,7 @@ fn a_recorded_buffer_dropped_during_a_capture_is_freed_after_it() {
         capture_check: true,
         ..PoolConfig::new(64 * MIB)
     };
-    let pool = Arc::new(Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap());
+    let pool = Arc::new(host_pool(cfg));
     let (own, other) = (HostStream::new(), HostStream::new());
     let mut buf = DeviceBuffer::<u8, _>::new(&pool, MIB, &own).unwrap();
     let ptr = buf.ptr();
@@ -1380,7 +1380,7 @@ fn shedding_pool() -> Pool<HostBackend> {
         stream_cache_limit: 64 * KIB,
         ..PoolConfig::new(256 * MIB)
     };
-    Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap()
+    host_pool(cfg)
 }
 
 /// Trim unmaps memory that shed blocks were in only once their work is
@@ -1610,7 +1610,7 @@ fn the_main_pool_refuses_a_capturing_stream() {
         capture_check: true,
         ..PoolConfig::new(64 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let p = pool.alloc(4096, &s).unwrap();
     s.begin_capture();
     let e = pool.alloc(4096, &s).unwrap_err();
@@ -1715,7 +1715,7 @@ fn holes_serve_again_once_the_range_is_used_up() {
         stream_cache_limit: 64 * KIB,
         ..PoolConfig::new(32 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let s = HostStream::new();
     let [x, y, z] = [0, 1, 2].map(|_| pool.alloc(2 * MIB, &s).unwrap());
     s.enqueue();
@@ -1756,7 +1756,7 @@ fn sixteen_mib_in_2_mib_chunks() -> (Pool<HostBackend>, HostStream) {
         chunk: 2 * MIB,
         ..PoolConfig::new(64 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     (pool, HostStream::new())
 }
 
@@ -1822,7 +1822,7 @@ fn placement_0_keeps_blocks_apart_and_catches_double_frees() {
         placement: 0,
         ..PoolConfig::new(64 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let s = HostStream::new();
     for size in [300usize, 512, 4 * KIB, 40 * KIB] {
         let blocks: Vec<u64> = (0..1000).map(|_| pool.alloc(size, &s).unwrap()).collect();

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 
 mod common;
-use common::{pool, KIB, MIB};
+use common::{host_pool, pool, KIB, MIB};
 
 /// Bytes cached for `s` (its stream cache and its threads' caches).
 fn cached_on(pool: &Pool<HostBackend>, s: &HostStream) -> usize {
@@ -315,7 +315,7 @@ fn contention(cache_limit: usize) {
         cache_limit,
         ..PoolConfig::new(512 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let shared = HostStream::new();
     let threads = 6;
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -521,7 +521,7 @@ fn thread_caches_stay_within_the_limits() {
         cache_limit: 512 * KIB,
         ..PoolConfig::new(256 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let s = HostStream::new();
     let threads = 16;
     let (allocated, freed, done) = (
@@ -565,7 +565,7 @@ fn threads_caches_count_in_the_bound_on_all_caches() {
         cache_limit: MIB,
         ..PoolConfig::new(256 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let s = HostStream::new();
     let (threads, rounds, small) = (16, 8, 4 * KIB);
     let step = Barrier::new(threads + 1);
@@ -630,7 +630,7 @@ fn idle_threads_caches_past_the_bound_leave_the_streams_caches_alone() {
         cache_limit: 4 * MIB,
         ..PoolConfig::new(256 * MIB)
     };
-    let pool = Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap();
+    let pool = host_pool(cfg);
     let s = HostStream::new();
     let threads = 16;
     let (parked, done) = (Barrier::new(threads + 1), Barrier::new(threads + 1));

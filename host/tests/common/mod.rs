@@ -16,3 +16,9 @@ pub fn pool(reserve: usize, chunk: usize, capacity: usize) -> Arc<Pool<HostBacke
     };
     Arc::new(Pool::with_backend(HostBackend::new(64 * KIB, capacity), cfg).unwrap())
 }
+
+/// A pool over host memory (64 KiB pages, no cap on physical memory) with
+/// the settings `cfg`.
+pub fn host_pool(cfg: PoolConfig) -> Pool<HostBackend> {
+    Pool::with_backend(HostBackend::new(64 * KIB, usize::MAX), cfg).unwrap()
+}
